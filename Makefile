@@ -1,0 +1,52 @@
+# Two commands do everything on a fresh machine with Python 3.11:
+#   make repro   set up (idempotent) and run the default pipeline with `dvc repro`
+#   make test    set up (idempotent) and run the tests
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ROOT := $(CURDIR)
+
+# telemetry off, tool state inside the project, torch friendly to 2 shared cores
+export DO_NOT_TRACK := true
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+export GX_ANALYTICS_ENABLED := False
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export OMP_WAIT_POLICY := PASSIVE
+export PREFECT_HOME := $(ROOT)/.state/prefect
+export DVC_SITE_CACHE_DIR := $(ROOT)/.state/dvc-site-cache
+export TORCH_EXTENSIONS_DIR := $(ROOT)/.state/torch_extensions
+export MPLCONFIGDIR := $(ROOT)/.state/matplotlib
+export PATH := $(ROOT)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup repro test lint mlflow-ui prefect-ui clean-state
+
+setup: $(VENV)/.installed
+
+# torch first and pinned: the CPU wheel lies on local disk; letting a resolver choose would pull a
+# multi-GB CUDA build. Everything else is pinned by constraints.txt (pip freeze of a resolved env).
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $@
+
+repro: setup
+	dvc repro
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+mlflow-ui: setup
+	mlflow ui --backend-store-uri sqlite:///$(ROOT)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
+
+prefect-ui: setup
+	prefect server start --host 127.0.0.1 --port 4200
+
+clean-state:
+	rm -rf .state mlflow.db mlartifacts

