@@ -128,8 +128,10 @@ def task_expectations(columns: list[str], families: list[str], max_prompt_chars:
 
 
 def validate_tasks(train: pd.DataFrame, evals: pd.DataFrame, families: list[str], max_prompt_chars: int) -> ValidationReport:
+    from rlcr.tasks.suite import COLUMNS
+
     both = pd.concat([train, evals], ignore_index=True)
-    return validate_frame(both, "tasks", task_expectations(list(train.columns), families, max_prompt_chars), "id")
+    return validate_frame(both, "tasks", task_expectations(COLUMNS, families, max_prompt_chars), "id")
 
 
 def report_json(report: ValidationReport) -> str:

@@ -22,10 +22,11 @@ def body(params, tracker, root: Path) -> None:
         print(f"[prepare] rejected {row_id}: {why}", file=sys.stderr)
     stats = split_stats(train, evals, report)
     tracker.log_metrics(stats)
-    if report.bad_fraction > cfg.max_bad_rows:
+    family, share = report.worst_family()
+    if share > cfg.max_bad_rows:
         raise ValueError(
-            f"{len(report.rejected)} of {report.input_rows} rows rejected "
-            f"({report.bad_fraction:.1%} > prepare.max_bad_rows {cfg.max_bad_rows:.1%})"
+            f"family {family!r}: {report.bad[family]} of {report.rows[family]} rows rejected "
+            f"({share:.1%} > prepare.max_bad_rows {cfg.max_bad_rows:.1%}); see the rejected rows above"
         )
     families = [f.name for f in cfg.train + cfg.eval]
     validation = validate_tasks(train, evals, families, cfg.max_prompt_chars)

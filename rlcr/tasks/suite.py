@@ -27,14 +27,31 @@ class SplitReport:
 
     rejected: list[tuple[str, str]] = field(default_factory=list)
     """(row id, reason) for each row left out."""
-    input_rows: int = 0
-    """Rows considered (generated or read), before rejection."""
+    rows: dict[str, int] = field(default_factory=dict)
+    """Input rows per family: lines of an imported file, or generated candidates."""
+    bad: dict[str, int] = field(default_factory=dict)
+    """Rejected rows per family."""
     overlap_dropped: int = 0
     """Eval candidates dropped because their prompt is in train."""
+
+    def count(self, family: str, rows: int, rejected: list[tuple[str, str]]) -> None:
+        self.rows[family] = self.rows.get(family, 0) + rows
+        self.bad[family] = self.bad.get(family, 0) + len(rejected)
+        self.rejected.extend(rejected)
+
+    @property
+    def input_rows(self) -> int:
+        return sum(self.rows.values())
 
     @property
     def bad_fraction(self) -> float:
         return len(self.rejected) / max(self.input_rows, 1)
+
+    def worst_family(self) -> tuple[str, float]:
+        """The family with the largest share of rejected rows, and that share."""
+        if not self.rows:
+            return "", 0.0
+        return max(((f, self.bad[f] / max(self.rows[f], 1)) for f in self.rows), key=lambda x: x[1])
 
 
 def check_task(task: Task, max_prompt_chars: int) -> str | None:
@@ -56,9 +73,10 @@ def _draw(spec: FamilySpec, seed: int, difficulty: int, exclude: set[str], cfg: 
           report: SplitReport) -> list[Task]:
     """n good tasks of one family and difficulty whose prompts are not in `exclude`."""
     family = build_family(spec.name, spec.options)
-    for bad_line, why in getattr(family, "rejected", []):
-        report.rejected.append((f"{spec.name}:line{bad_line}", why))
-    report.input_rows += len(getattr(family, "rejected", []))
+    file_rows = getattr(family, "n_rows", None)
+    if file_rows is not None and spec.name not in report.rows:
+        # an imported file's bad lines count once, against all its lines
+        report.count(spec.name, file_rows, [(f"{spec.name}:line{n}", why) for n, why in family.rejected])
     pool = getattr(family, "pool_size", None)
     want = spec.n
     while True:
@@ -82,8 +100,7 @@ def _draw(spec: FamilySpec, seed: int, difficulty: int, exclude: set[str], cfg: 
         if len(picked) == spec.n or exhausted or want > 64 * spec.n + 1024:
             break
         want *= 2
-    report.rejected.extend(rejected)
-    report.input_rows += len(candidates)
+    report.count(spec.name, 0 if file_rows is not None else len(candidates), rejected)
     report.overlap_dropped += overlap
     if len(picked) < spec.n:
         raise ValueError(

@@ -1,0 +1,100 @@
+"""`prepare` end to end through real `dvc repro` in a throwaway copy of the project."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+pytestmark = pytest.mark.slow
+
+
+def small_params(root: Path, **prepare) -> None:
+    path = root / "params.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["prepare"]["train"] = [{"name": "sum", "n": 60, "difficulties": [1, 3]}]
+    data["prepare"]["eval"] = [{"name": "sum", "n": 10, "difficulties": [1, 3]}, {"name": "rg/gcd", "n": 4}]
+    data["prepare"].update(prepare)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), "RLCR_IMPORTS_OUT": str(root / "imports.json")}
+    proc = subprocess.run(["dvc", *args], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def stage_runs(root: Path):
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rlcr-collective-rewards")
+    return client.search_runs([exp.experiment_id], "tags.`rlcr.stage` = 'prepare'",
+                              order_by=["attributes.start_time ASC"])
+
+
+def test_repro_writes_outs_lock_and_run_then_skips_then_reruns(project_copy):
+    root = project_copy
+    small_params(root)
+    dvc(root, "repro", "prepare")
+    for out in ("data/tasks/train.parquet", "data/tasks/eval.parquet", "metrics/prepare.json", "dvc.lock"):
+        assert (root / out).exists(), out
+    lock = (root / "dvc.lock").read_text()
+    metrics = json.loads((root / "metrics/prepare.json").read_text())
+    assert metrics["data/train_tasks"] == 120 and metrics["data/eval_tasks"] == 24
+
+    (run,) = stage_runs(root)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["data/train_tasks"] == 120
+    assert run.data.params["prepare.seed"] == "0"
+    assert run.data.tags["rlcr.stage"] == "prepare" and "dvc.dep.rlcr/config.py" in run.data.tags
+
+    # every rlcr module the stage imported is a declared dependency (RELIABILITY.md 10)
+    deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["prepare"]["deps"]
+    imported = json.loads((root / "imports.json").read_text())
+    missing = [m for m in imported if not any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps)]
+    assert not missing, f"stage imports modules dvc.yaml does not list: {missing}"
+
+    # nothing changed -> skipped, no new run
+    again = dvc(root, "repro", "prepare")
+    assert "didn't change, skipping" in again.stdout
+    assert len(stage_runs(root)) == 1 and (root / "dvc.lock").read_text() == lock
+
+    # a prepare param changed -> rerun, new data, new lock
+    before = (root / "data/tasks/train.parquet").read_bytes()
+    small_params(root, seed=1)
+    dvc(root, "repro", "prepare")
+    assert (root / "data/tasks/train.parquet").read_bytes() != before
+    assert len(stage_runs(root)) == 2 and (root / "dvc.lock").read_text() != lock
+
+    # a library module the stage imports changed -> rerun
+    lock = (root / "dvc.lock").read_text()
+    with open(root / "rlcr/tasks/base.py", "a") as f:
+        f.write("\n# a comment is a change\n")
+    rerun = dvc(root, "repro", "prepare")
+    assert "Running stage 'prepare'" in rerun.stdout and len(stage_runs(root)) == 3
+
+
+def test_failing_stage_marks_run_failed_and_keeps_lock(project_copy, tmp_path):
+    root = project_copy
+    small_params(root)
+    dvc(root, "repro", "prepare")
+    lock = (root / "dvc.lock").read_text()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([json.dumps({"question": f"q{i}", "answer": "1"}) for i in range(20)] + ["{x"] * 5))
+    data = yaml.safe_load((root / "params.yaml").read_text())
+    data["prepare"]["train"].append({"name": "jsonl/user", "n": 5, "options": {"path": str(bad)}})
+    (root / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+    proc = dvc(root, "repro", "prepare", check=False)
+    assert proc.returncode != 0
+    assert "family 'jsonl/user': 5 of 25 rows rejected" in proc.stderr + proc.stdout
+    assert "jsonl/user:line21: bad JSON" in proc.stderr + proc.stdout
+    assert (root / "dvc.lock").read_text() == lock
+    assert not (root / "data/tasks/train.parquet").exists()  # no stale out a later stage could trust
+    assert stage_runs(root)[-1].info.status == "FAILED"
