@@ -28,6 +28,8 @@ setup: $(VENV)/.installed
 # torch first and pinned: the CPU wheel lies on local disk; letting a resolver choose would pull a
 # multi-GB CUDA build. Everything else is pinned by constraints.txt (pip freeze of a resolved env).
 $(VENV)/.installed: pyproject.toml constraints.txt
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } \
+	  || { echo "bubblewrap is needed for the code sandbox: sudo apt-get install bubblewrap"; exit 1; }
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'

@@ -56,8 +56,27 @@ class HumanEvalFamily:
         return verify_code(task, answer)
 
 
+# Defined before the answer runs, with builtins bound as defaults, so the answer cannot swap them.
+PLAIN_GUARD = """
+def _rlcr_plain(x, _type=type, _all=all, _plain=(int, float, complex, str, bytes, bool, type(None)),
+                _seq=(list, tuple, set, frozenset)):
+    t = _type(x)
+    if any(t is p for p in _plain):
+        return True
+    if any(t is p for p in _seq):
+        return _all(_rlcr_plain(v) for v in x)
+    if t is dict:
+        return _all(_rlcr_plain(k) and _rlcr_plain(v) for k, v in x.items())
+    return False
+"""
+
+
 def build_program(task: Task, answer: str, marker: str) -> str:
-    """Prompt + completion (or the prompt's imports + a full definition), then the pristine tests."""
+    """Guard, prompt + completion (or the prompt's imports + a full definition), then the pristine tests.
+
+    The candidate handed to `check` refuses results that are not plain builtin data (exact types), so
+    an answer returning an object whose `__eq__` always says True fails instead of passing.
+    """
     entry = task.meta["entry_point"]
     if f"def {entry}(" in answer:
         header = "\n".join(
@@ -66,9 +85,18 @@ def build_program(task: Task, answer: str, marker: str) -> str:
         body = f"{header}\n{answer}"
     else:
         body = task.prompt + answer
+    harness = (
+        f"_rlcr_impl = {entry}\n"
+        "def _rlcr_candidate(*args, **kwargs):\n"
+        "    result = _rlcr_impl(*args, **kwargs)\n"
+        "    if not _rlcr_plain(result):\n"
+        "        raise TypeError('candidate returned something that is not plain data')\n"
+        "    return result\n"
+        "check(_rlcr_candidate)\n"
+    )
     # The marker is a fresh secret printed only if check() returned: an answer that exits early or
     # prints a guess cannot produce it.
-    return f"{body}\n\n{task.meta['test']}\n\ncheck({entry})\nprint({marker!r})\n"
+    return f"{PLAIN_GUARD}\n{body}\n\n{task.meta['test']}\n\n{harness}print({marker!r})\n"
 
 
 def verify_code(task: Task, answer: str) -> float:
