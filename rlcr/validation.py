@@ -23,7 +23,7 @@ MAX_ROWS_NAMED = 20
 class DataValidationError(ValueError):
     """A frame failed its suite; the message lists the failing expectations and rows."""
 
-    def __init__(self, report: "ValidationReport"):
+    def __init__(self, report: ValidationReport):
         self.report = report
         super().__init__(report.describe())
 

@@ -52,7 +52,7 @@ class Task:
         }
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Task":
+    def from_row(cls, row: dict[str, Any]) -> Task:
         subs = tuple(SubProblem(p, a) for p, a in json.loads(row["subproblems"]))
         return cls(
             id=str(row["id"]),

