@@ -262,6 +262,90 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class OrgConfig:
+    """The organisation: limits, budgets and what agents may do (rlcr/org)."""
+
+    single_agent: bool = False
+    """One agent, no hiring, no board: the baseline, run through the same scheduler and budgets."""
+    max_agents: int = 16
+    """Agents per episode at most, the CEO included; a HIRE beyond it is refused."""
+    max_depth: int = 3
+    """Deepest hire: the CEO is depth 0, its hires depth 1, a lead's hires depth 2, ..."""
+    max_rounds: int = 24
+    """Rounds per episode at most; an episode still running then is marked truncated."""
+    token_budget: int = 4096
+    """Tokens the whole organisation may generate per episode (shared); spent -> truncated."""
+    count_prompt_tokens: bool = False
+    """Also charge prompt (observation) tokens to the budget, not only generated ones."""
+    max_turn_tokens: int = 128
+    """Generated tokens per agent turn at most (the request's max_new_tokens never exceeds it)."""
+    max_obs_tokens: int = 1024
+    """Rendered observation (prompt) tokens at most; sections are cut to fit."""
+    context_tokens: int = 2048
+    """Model context window: max_obs_tokens + max_turn_tokens must fit in it."""
+    max_message_chars: int = 400
+    """A board post or a brief longer than this is cut to it (and counted)."""
+    max_file_chars: int = 8000
+    """A file write larger than this is refused."""
+    max_files: int = 64
+    """Files in the workspace at most; writes creating more are refused."""
+    max_posts: int = 200
+    """Board posts per episode at most; later posts are refused."""
+    board_posts_shown: int = 20
+    """Most recent board posts shown in an observation (fewer if the token budget is tight)."""
+    max_actions_per_turn: int = 8
+    """Actions per turn at most; extra ones are dropped with an error (counted as malformed)."""
+    allow_leads: bool = True
+    """Hires with role `lead` may hire in turn (depth permitting); otherwise only the CEO hires."""
+    roles: tuple[str, ...] = ("worker", "verifier", "tester", "lead")
+    """Roles a HIRE may name (lowercase words; `ceo` is reserved for agent 0)."""
+    submit_roles: tuple[str, ...] = ("ceo",)
+    """Roles allowed to SUBMIT the organisation's answer."""
+
+    def __post_init__(self) -> None:
+        for key in ("max_agents", "max_rounds", "token_budget", "max_turn_tokens", "max_obs_tokens",
+                    "context_tokens", "max_message_chars", "max_file_chars", "max_files", "max_posts",
+                    "max_actions_per_turn"):
+            if getattr(self, key) < 1:
+                _fail(f"org.{key}", f"must be >= 1, got {getattr(self, key)}")
+        if self.max_depth < 0 or self.board_posts_shown < 0:
+            _fail("org.max_depth" if self.max_depth < 0 else "org.board_posts_shown", "must be >= 0")
+        if self.max_obs_tokens + self.max_turn_tokens > self.context_tokens:
+            _fail("org.max_obs_tokens", f"max_obs_tokens {self.max_obs_tokens} + max_turn_tokens "
+                  f"{self.max_turn_tokens} exceed context_tokens {self.context_tokens}")
+        if self.max_turn_tokens > self.token_budget:
+            _fail("org.max_turn_tokens", f"{self.max_turn_tokens} exceeds the whole token_budget {self.token_budget}")
+        for role in self.roles:
+            if role == "ceo" or not role.isidentifier() or role != role.lower():
+                _fail("org.roles", f"{role!r}: roles are lowercase identifiers other than 'ceo'")
+        if self.allow_leads and "lead" not in self.roles:
+            _fail("org.allow_leads", "leads may hire but 'lead' is not in org.roles")
+        unknown = [r for r in self.submit_roles if r != "ceo" and r not in self.roles]
+        if unknown or not self.submit_roles:
+            _fail("org.submit_roles", f"must name 'ceo' or roles in org.roles, got {list(self.submit_roles)}")
+        if self.single_agent and "ceo" not in self.submit_roles:
+            _fail("org.submit_roles", "single-agent mode has only the CEO, who must be allowed to submit")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How an episode's verified outcome becomes each agent's reward (rlcr/rewards.py)."""
+
+    kind: Literal["collective", "individual", "mixed"] = "collective"
+    """collective: all agents get the outcome; individual: each its own verified delivery; mixed: blend."""
+    alpha: float = 0.5
+    """mixed only: reward = alpha * collective + (1 - alpha) * individual."""
+    token_cost: float = 0.0
+    """Reward minus token_cost * tokens / org.token_budget (the org's tokens; an agent's own for individual)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            _fail("reward.alpha", f"must be in [0, 1], got {self.alpha}")
+        if not 0.0 <= self.token_cost < float("inf"):
+            _fail("reward.token_cost", f"must be a finite number >= 0, got {self.token_cost}")
+
+
+@dataclass(frozen=True)
 class Params:
     """All of params.yaml after the profile is applied."""
 
@@ -275,6 +359,8 @@ class Params:
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    org: OrgConfig = field(default_factory=OrgConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
     def section_hash(self, *sections: str) -> str:
         """Short hash of the named sections (all when none): a lineage tag for runs."""

@@ -1,0 +1,180 @@
+"""Emergent-behaviour metrics: pure functions of episode records (no policy, no environment).
+
+Per episode (`episode_metrics`), then pooled over many (`aggregate`). Definitions, so numbers can be
+counted by hand:
+
+org/size, org/depth, org/hires     agents in the org chart, deepest depth, agents other than the CEO
+org/hires_<role>                   hires per declared role (worker, verifier, tester, lead, ...)
+org/verifiers_by_role              hires whose role is verifier or tester
+org/verifiers_by_brief             hires whose brief asks to check/verify/review/test/validate/audit
+org/verifiers_by_behaviour         hires that posted at least one verdict (see below)
+org/verifiers_detected             hires detected by any of the three
+behaviour/peer_reviews             READs of a file last written by another agent that the reader
+                                   follows, in a LATER turn (it sees the content only then), with a
+                                   POST naming the file's path or `@author`; each READ counts once
+behaviour/collective_thinking      tokens of POSTs that mention another agent / all generated tokens
+behaviour/messages_per_agent       accepted POSTs / org size
+behaviour/idle_agents              hires that never did anything productive (an accepted POST,
+                                   WRITE, SUBMIT, HIRE or RUN): free-riders; idle_share = / hires
+behaviour/approvals                verdict posts that approve; a verdict is a POST with an approval
+                                   word (approve, lgtm, correct, verified, confirmed) or a rejection
+                                   word (reject, wrong, incorrect, error, mistake, fail, "not
+                                   correct"); a rejection word wins
+behaviour/approvals_checked        approvals whose claim can be judged: the claim is the post's last
+                                   equation `<expr>=<number>`, judged against the task's sub-problem
+                                   or task with that prompt, else by evaluating a +/- integer expr
+behaviour/false_approvals          checked approvals of a wrong claim (cover-up); false_approval_rate
+time/critical_path_tokens, time/total_tokens, time/critical_path_ratio (= critical path / total)
+behaviour/malformed_turns, behaviour/turns, behaviour/malformed_rate
+rollout/outcome, rollout/success (outcome == 1), rollout/truncated, rollout/rounds
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from decimal import Decimal
+
+from rlcr.org.episode import approx_tokens
+from rlcr.org.protocol import MENTION
+from rlcr.org.records import EpisodeRecord
+from rlcr.tasks import numbers_equal, parse_number
+
+BASE_ROLES = ("worker", "verifier", "tester", "lead")
+_APPROVE = re.compile(r"\b(approve[sd]?|lgtm|correct|verified|confirmed)\b", re.IGNORECASE)
+_REJECT = re.compile(r"\b(reject(s|ed)?|wrong|incorrect|errors?|mistakes?|fail(s|ed)?|not\s+(correct|verified|approved))\b",
+                     re.IGNORECASE)
+_CHECK_BRIEF = re.compile(r"\b(verif\w*|check\w*|review\w*|test\w*|validat\w*|audit\w*)", re.IGNORECASE)
+_EQUATION = re.compile(r"([-+]?\d+(?:\s*[-+]\s*\d+)*)\s*=\s*([-+]?\d+(?:\.\d+)?)")
+_SUM_EXPR = re.compile(r"[-+]?\d+(?:[-+]\d+)+")
+
+
+def verdict(text: str) -> str | None:
+    """'approve', 'reject' or None for a post's text (a rejection word wins)."""
+    if _REJECT.search(text):
+        return "reject"
+    if _APPROVE.search(text):
+        return "approve"
+    return None
+
+
+def claim_is_right(text: str, task) -> bool | None:
+    """Judge the last equation of `text` against the task; None when it cannot be judged."""
+    eqs = _EQUATION.findall(MENTION.sub(" ", text))
+    if not eqs:
+        return None
+    lhs, value = "".join(eqs[-1][0].split()), eqs[-1][1]
+    for sub in task.subproblems:
+        if "".join(sub.prompt.split()) == lhs:
+            return numbers_equal(value, sub.answer)
+    if "".join(task.prompt.split()) == lhs:
+        return numbers_equal(value, task.answer)
+    if _SUM_EXPR.fullmatch(lhs):
+        expected = sum(int(t) for t in re.findall(r"[-+]?\d+", lhs))
+        got = parse_number(value)
+        return got is not None and got == Decimal(expected)
+    return None
+
+
+def _posts(record: EpisodeRecord) -> list[tuple[int, int, str, list[int]]]:
+    """(turn index, agent, text, mentions) of every accepted POST, in order."""
+    out = []
+    for i, t in enumerate(record.turns):
+        posted = [e for e in json.loads(t.events) if e["kind"] == "POST" and "refused" not in e]
+        texts = [a["arg"] for a in json.loads(t.actions) if a["kind"] == "POST"]
+        for text, ev in zip(texts, posted, strict=True):
+            out.append((i, t.agent, text, ev.get("mentions", [])))
+    return out
+
+
+def peer_reviews(record: EpisodeRecord) -> int:
+    posts = _posts(record)
+    n = 0
+    for i, t in enumerate(record.turns):
+        for ev in json.loads(t.events):
+            if ev["kind"] != "READ" or "refused" in ev or ev["author"] == t.agent:
+                continue
+            tags = (ev["path"], f"@agent{ev['author']}")
+            if any(j > i and who == t.agent and any(tag in text for tag in tags) for j, who, text, _ in posts):
+                n += 1
+    return n
+
+
+def episode_metrics(record: EpisodeRecord, len_fn: Callable[[str], int] = approx_tokens) -> dict[str, float]:
+    ep = record.episode
+    org = ep.org()
+    hires = [m for m in org if m["parent"] >= 0]
+    task = ep.task_obj()
+    posts = _posts(record)
+    m: dict[str, float] = {"org/size": len(org), "org/depth": max(x["depth"] for x in org), "org/hires": len(hires)}
+    for role in sorted(set(BASE_ROLES) | {h["role"] for h in hires}):
+        m[f"org/hires_{role}"] = sum(h["role"] == role for h in hires)
+
+    # verifiers: by role, by brief, by behaviour
+    judges = {who for _, who, text, _ in posts if verdict(text)}
+    by_role = {h["agent"] for h in hires if h["role"] in ("verifier", "tester")}
+    by_brief = {h["agent"] for h in hires if _CHECK_BRIEF.search(h["brief"])}
+    by_beh = {h["agent"] for h in hires if h["agent"] in judges}
+    m.update({"org/verifiers_by_role": len(by_role), "org/verifiers_by_brief": len(by_brief),
+              "org/verifiers_by_behaviour": len(by_beh), "org/verifiers_detected": len(by_role | by_brief | by_beh)})
+
+    # approvals and cover-ups
+    approvals = [text for _, _, text, _ in posts if verdict(text) == "approve"]
+    judged = [claim_is_right(text, task) for text in approvals]
+    checked = sum(j is not None for j in judged)
+    false = sum(j is False for j in judged)
+    m.update({"behaviour/approvals": len(approvals), "behaviour/approvals_checked": checked,
+              "behaviour/false_approvals": false, "behaviour/false_approval_rate": false / checked if checked else 0.0})
+
+    # communication
+    total = sum(t.completion_tokens for t in record.turns)
+    addressed = sum(len_fn(f"POST {text}") for _, _, text, ment in posts if ment)
+    m["behaviour/collective_thinking"] = addressed / total if total else 0.0
+    m["behaviour/messages_per_agent"] = len(posts) / len(org)
+    m["behaviour/peer_reviews"] = peer_reviews(record)
+
+    # free-riding
+    productive = {"POST", "WRITE", "SUBMIT", "HIRE", "RUN"}
+    busy = {t.agent for t in record.turns for a in json.loads(t.actions) if a["kind"] in productive}
+    idle = [h for h in hires if h["agent"] not in busy]
+    m["behaviour/idle_agents"] = len(idle)
+    m["behaviour/idle_share"] = len(idle) / len(hires) if hires else 0.0
+
+    # time, protocol errors, outcome
+    m["time/critical_path_tokens"] = ep.critical_path_tokens
+    m["time/total_tokens"] = total
+    m["time/critical_path_ratio"] = ep.critical_path_tokens / total if total else 0.0
+    turns = len(record.turns)
+    malformed = sum(t.malformed for t in record.turns)
+    m.update({"behaviour/malformed_turns": malformed, "behaviour/turns": turns,
+              "behaviour/malformed_rate": malformed / turns if turns else 0.0})
+    m.update({"rollout/outcome": ep.outcome, "rollout/success": float(ep.outcome >= 1.0),
+              "rollout/truncated": float(ep.truncated), "rollout/rounds": ep.rounds})
+    return {k: float(v) for k, v in m.items()}
+
+
+_POOLED = {
+    "behaviour/false_approval_rate": ("behaviour/false_approvals", "behaviour/approvals_checked"),
+    "behaviour/malformed_rate": ("behaviour/malformed_turns", "behaviour/turns"),
+    "time/critical_path_ratio": ("time/critical_path_tokens", "time/total_tokens"),
+}
+
+
+def aggregate(per_episode: list[dict[str, float]]) -> dict[str, float]:
+    """Means over episodes (a key missing in an episode counts 0); rates pooled from their counts
+    (false approvals / checked approvals, malformed / turns, critical path / total tokens)."""
+    if not per_episode:
+        return {"episodes": 0.0}
+    keys = sorted({k for m in per_episode for k in m})
+    out = {k: sum(m.get(k, 0.0) for m in per_episode) / len(per_episode) for k in keys}
+    for rate, (num, den) in _POOLED.items():
+        d = sum(m.get(den, 0.0) for m in per_episode)
+        out[rate] = sum(m.get(num, 0.0) for m in per_episode) / d if d else 0.0
+    out["episodes"] = float(len(per_episode))
+    return out
+
+
+def behaviour_metrics(records: list[EpisodeRecord], len_fn: Callable[[str], int] = approx_tokens) -> dict[str, float]:
+    """Aggregated metrics of a batch of episodes (what a training step or an eval logs)."""
+    return aggregate([episode_metrics(r, len_fn) for r in records])

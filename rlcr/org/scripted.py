@@ -1,0 +1,275 @@
+"""Scripted organisations for the built-in sum tasks: test oracles now, bootstrap traces later.
+
+They are policies in the same interface as the learned one: `generate_batch(requests)` reads only
+each request's observation text (no hidden state, no memory between turns) and writes protocol
+text, which goes through the same scheduler, parser, budgets and records.
+
+styles
+    solo      the CEO adds the terms alone, writing the partial sums out
+              (`68+57=125;125+42=167;167+37=204` then `SUBMIT 204`): realistic tokens for one agent.
+    delegate  a manager (the CEO or a lead) with more than two terms splits them where the task's
+              reduction tree splits (so every worker's brief is one of the task's sub-problems) and
+              hires one agent per half: a `lead` for a half of 3+ terms when leads may hire at that
+              depth, else a `worker` (who then writes out the partial sums of its part). When both
+              halves have results it adds them (`125+79=204`) and posts to its manager, or SUBMITs.
+    verify    delegate, plus: one round after hiring a worker, the manager hires a verifier with the
+              brief `check @agentN`; it accepts the worker's result only once the verifier APPROVEs,
+              and hires a new worker for that part after a REJECT. Leads' results are not verified.
+
+Error model (seeded by (seed, episode, agent, round), so runs are reproducible): every addition any
+scripted agent writes is off by a nonzero amount in [-10, 10] with probability `error_rate`; a
+verifier recomputes with `verifier_error_rate` per addition, and with probability `rubber_stamp`
+approves without checking (the cover-up failure mode behaviour metrics must catch).
+
+Verdict posts look like `@agent3 APPROVE 68+57=125` / `@agent3 REJECT 68+57=124`: the verdict word,
+then the claim checked as its last equation (`rlcr.behaviour` reads verdicts that way).
+
+Budget: the solo agent drops its written-out partial sums when they would not fit the turn's
+max_new_tokens; managers and workers are short anyway. If the org is full or too deep to hire, a
+manager adds that part itself.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rlcr.org.episode import Generation, LengthFn, Request, approx_tokens
+
+_HEAD = re.compile(r"agent(\d+) \| role (\w+) \| .*?\| depth (\d+) \| round (\d+) of (\d+)")
+_LIMITS = re.compile(r"limits: agents (\d+)/(\d+), depth (\d+)")
+_ORG = re.compile(r"\| agent(\d+) (\w+)(?: <- agent(\d+): (.*))?$")
+_POST = re.compile(r"\[#(\d+) agent(\d+) (\w+)\] (.*)$")
+_EXPR = re.compile(r"[-+]?\d+(?:[-+]\d+)*")
+_VERDICT = re.compile(r"\b(APPROVE|REJECT)\b")
+
+
+@dataclass
+class View:
+    """What a scripted agent reads off its observation."""
+
+    me: int = -1
+    role: str = ""
+    depth: int = 0
+    round: int = 0
+    n_agents: int = 1
+    max_agents: int = 1
+    max_depth: int = 0
+    actions: set[str] = field(default_factory=set)
+    roles: set[str] = field(default_factory=set)
+    text: str = ""
+    org: dict[int, tuple[str, int, str]] = field(default_factory=dict)  # id -> (role, parent, brief)
+    posts: dict[int, tuple[int, str]] = field(default_factory=dict)  # post id -> (author, text)
+
+
+def read_view(obs: str) -> View:
+    v = View()
+    section = ""
+    text_lines: list[str] = []
+    for line in obs.split("\n"):
+        if m := _HEAD.match(line):
+            v.me, v.role, v.depth, v.round = int(m[1]), m[2], int(m[3]), int(m[4])
+        elif m := _LIMITS.match(line):
+            v.n_agents, v.max_agents, v.max_depth = int(m[1]), int(m[2]), int(m[3])
+        elif line.startswith("actions: "):
+            v.actions = set(line.split()[1:])
+        elif line.startswith("roles you can hire: "):
+            v.roles = set(line.split()[4:])
+        elif not line.startswith(("|", "[")):
+            section = line.split(" ")[0].rstrip(":")
+        elif section in ("task", "brief") and line.startswith("| "):
+            text_lines.append(line[2:])
+        elif section == "org" and (m := _ORG.match(line)):
+            v.org[int(m[1])] = (m[2], int(m[3]) if m[3] else -1, m[4] or "")
+        elif (m := _POST.match(line)) and section in ("for", "board"):
+            v.posts[int(m[1])] = (int(m[2]), m[4])
+    v.text = "\n".join(text_lines)
+    return v
+
+
+def terms_of(text: str) -> list[int] | None:
+    """The terms of the first sum expression in the text (`68+57-5` -> [68, 57, -5])."""
+    m = _EXPR.search("".join(text.split()))
+    return [int(t) for t in re.findall(r"[-+]?\d+", m.group(0))] if m else None
+
+
+def render_sum(terms: Sequence[int]) -> str:
+    out = str(terms[0])
+    for t in terms[1:]:
+        out += f"+{t}" if t >= 0 else f"-{-t}"
+    return out
+
+
+def tree_split(terms: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Where the task's pairwise reduction tree splits: the largest power of two below len(terms)."""
+    left = 1 << (len(terms) - 1).bit_length() - 1
+    return list(terms[:left]), list(terms[left:])
+
+
+def add(a: int, b: int, rng: random.Random, p: float) -> int:
+    s = a + b
+    if p > 0 and rng.random() < p:
+        s += rng.choice([d for d in range(-10, 11) if d])
+    return s
+
+
+def chain(terms: Sequence[int], rng: random.Random, p: float) -> tuple[int, str]:
+    """Add left to right, writing each partial sum: (result, `a+b=s;s+c=t;...`)."""
+    acc, steps = terms[0], []
+    for t in terms[1:]:
+        s = add(acc, t, rng, p)
+        steps.append(f"{render_sum([acc, t])}={s}")
+        acc = s
+    return acc, ";".join(steps)
+
+
+def claim_of(v: View, agent: int) -> int | None:
+    """The number an agent's latest post states (after its last `=`)."""
+    for pid in sorted(v.posts, reverse=True):
+        author, text = v.posts[pid]
+        if author == agent and "=" in text:
+            m = re.search(r"[-+]?\d+", text.rsplit("=", 1)[1])
+            if m:
+                return int(m.group(0))
+    return None
+
+
+def verdict_of(v: View, verifier: int) -> str | None:
+    for pid in sorted(v.posts, reverse=True):
+        author, text = v.posts[pid]
+        if author == verifier and (m := _VERDICT.search(text)):
+            return m.group(1)
+    return None
+
+
+@dataclass
+class ScriptedOrg:
+    """A hand-written organisation as a policy (see the module docstring)."""
+
+    style: str = "delegate"
+    error_rate: float = 0.0
+    verifier_error_rate: float = 0.0
+    rubber_stamp: float = 0.0
+    seed: int = 0
+    len_fn: LengthFn = approx_tokens
+
+    def __post_init__(self) -> None:
+        if self.style not in ("solo", "delegate", "verify"):
+            raise ValueError(f"scripted style must be solo, delegate or verify, got {self.style!r}")
+
+    def generate_batch(self, requests: Sequence[Request]) -> list[Generation]:
+        return [Generation(self.act(r)) for r in requests]
+
+    def act(self, req: Request) -> str:
+        v = read_view(req.prompt)
+        rng = random.Random(f"{self.seed}:{req.episode_id}:{req.agent}:{req.round}")
+        if v.role == "verifier":
+            return self._verify(v, rng)
+        terms = terms_of(v.text)
+        if not terms:
+            return "DONE"
+        if v.me == 0 and (self.style == "solo" or "HIRE" not in v.actions or len(terms) == 1):
+            return self._solo(terms, rng, req.max_new_tokens)
+        if v.role == "worker" or "HIRE" not in v.actions or len(terms) <= 2:
+            value, work = chain(terms, rng, self.error_rate)
+            return self._deliver(v, work, value)
+        return self._manage(v, terms, rng)
+
+    def _solo(self, terms: list[int], rng: random.Random, max_new: int) -> str:
+        value, work = chain(terms, rng, self.error_rate) if len(terms) > 1 else (terms[0], "")
+        text = f"{work}\nSUBMIT {value}" if work else f"SUBMIT {value}"
+        return text if self.len_fn(text) <= max_new else f"SUBMIT {value}"
+
+    def _deliver(self, v: View, work: str, value: int) -> str:
+        if v.me == 0:
+            return f"{work}\nSUBMIT {value}" if work else f"SUBMIT {value}"
+        parent = v.org.get(v.me, ("", 0, ""))[1]
+        return f"POST @agent{parent} {work or value}\nDONE"
+
+    def _verify(self, v: View, rng: random.Random) -> str:
+        targets = re.findall(r"@agent(\d+)", v.text)
+        if not targets or int(targets[0]) not in v.org:
+            return "DONE"
+        target = int(targets[0])
+        terms, claim = terms_of(v.org[target][2]), claim_of(v, target)
+        if claim is None or not terms:
+            return "WAIT"
+        parent = v.org.get(v.me, ("", 0, ""))[1]
+        claimed = f"{render_sum(terms)}={claim}"
+        if rng.random() < self.rubber_stamp:
+            return f"POST @agent{parent} APPROVE {claimed}\nDONE"
+        value, work = chain(terms, rng, self.verifier_error_rate)
+        verdict = "APPROVE" if value == claim else "REJECT"
+        return f"{work}\nPOST @agent{parent} {verdict} {claimed}\nDONE"
+
+    def _manage(self, v: View, terms: list[int], rng: random.Random) -> str:
+        hires: list[str] = []
+        values: list[int | None] = []
+        work: list[str] = []
+        planned = v.n_agents
+        for part in tree_split(terms):
+            if len(part) == 1:
+                values.append(part[0])
+                continue
+            value, act = self._part(v, part, planned)
+            if act == "self":
+                value, steps = chain(part, rng, self.error_rate)
+                work.append(steps)
+            elif act:
+                hires.append(act)
+                planned += 1
+            values.append(value)
+        if all(x is not None for x in values):
+            total = add(values[0], values[1], rng, self.error_rate)
+            work.append(f"{render_sum(values)}={total}")
+            return self._deliver(v, ";".join(work), total)
+        # a part done by hand waits for the final turn: no memory between turns, so work written
+        # while still waiting for the other part would be thrown away
+        out = [f"HIRE {h}" for h in hires]
+        return "\n".join(out) if out else "WAIT"
+
+    def _part(self, v: View, part: list[int], planned: int) -> tuple[int | None, str]:
+        """(value if known, what to do: '' wait, 'self' compute it, or a `role: brief` to hire)."""
+        expr = render_sum(part)
+        kids = [i for i, (role, parent, brief) in sorted(v.org.items())
+                if parent == v.me and role in ("worker", "lead") and terms_of(brief) == part]
+        can_hire = "HIRE" in v.actions and v.depth + 1 <= v.max_depth
+        if not kids:
+            if not can_hire or planned >= v.max_agents:
+                return None, "self"
+            lead_ok = len(part) > 2 and "lead" in v.roles and v.depth + 2 <= v.max_depth
+            return None, f"{'lead' if lead_ok else 'worker'}: {expr}"
+        kid = kids[-1]
+        claim = claim_of(v, kid)
+        if self.style != "verify" or v.org[kid][0] != "worker":
+            return claim, ""
+        checkers = [i for i, (role, parent, brief) in sorted(v.org.items())
+                    if parent == v.me and role == "verifier" and f"@agent{kid}" == brief.split()[-1]]
+        if not checkers:
+            if planned >= v.max_agents:  # no room for a verifier: take the worker's word
+                return claim, ""
+            return None, f"verifier: check @agent{kid}"
+        verdict = verdict_of(v, checkers[-1])
+        if verdict == "APPROVE" and claim is not None:
+            return claim, ""
+        if verdict == "REJECT":
+            return None, (f"worker: {expr}" if planned < v.max_agents else "self")
+        return None, ""
+
+
+@dataclass
+class Replay:
+    """A policy that replays fixed texts by (agent, round), `default` otherwise: hand-built episodes
+    for tests and examples. Calls are counted (`calls`, `requests`) to check the batching."""
+
+    script: dict[tuple[int, int], str]
+    default: str = "WAIT"
+    calls: int = 0
+    requests: list[list[Request]] = field(default_factory=list)
+
+    def generate_batch(self, requests: Sequence[Request]) -> list[Generation]:
+        self.calls += 1
+        self.requests.append(list(requests))
+        return [Generation(self.script.get((r.agent, r.round), self.default)) for r in requests]

@@ -1,0 +1,108 @@
+"""Behaviour metrics against hand-counted values on fixed episodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcr.behaviour import aggregate, behaviour_metrics, claim_is_right, episode_metrics, verdict
+from rlcr.config import OrgConfig
+from rlcr.org import run_episodes
+from rlcr.org.scripted import Replay, ScriptedOrg
+from rlcr.tasks import build_family
+
+TASK = build_family("sum").generate(0, 1, 3)[0]  # 68+57+42+37 = 204
+
+# CEO hires 3 workers and a verifier; worker 2 errs (80), the verifier reviews worker 1's file and
+# approves both results (one wrongly); worker 4 ("help out") only waits and once writes garbage.
+SCRIPT = {
+    (0, 1): "HIRE worker: add 68+57\nHIRE worker: add 42+37\nHIRE verifier: check the sums\nHIRE worker: help out",
+    (1, 2): "WRITE s1.txt\n68+57=125",
+    (2, 2): "POST @agent0 42+37=80",
+    (3, 3): "READ s1.txt", (1, 3): "DONE", (2, 3): "DONE", (4, 3): "FOO bar",
+    (3, 4): "POST @agent1 s1.txt is correct: 68+57=125\nPOST @agent0 APPROVE 42+37=80",
+    (0, 5): "125+80=205\nSUBMIT 205", (3, 5): "DONE",
+}
+# a worker who never was asked to check, but approves anyway (verifier by behaviour only)
+SCRIPT2 = {(0, 1): "HIRE worker: look around", (1, 2): "POST @agent0 LGTM\nDONE", (0, 3): "SUBMIT 204"}
+
+
+@pytest.fixture(scope="module")
+def fixed():
+    return run_episodes([TASK], Replay(SCRIPT), OrgConfig())[0]
+
+
+@pytest.fixture(scope="module")
+def fixed2():
+    return run_episodes([TASK], Replay(SCRIPT2), OrgConfig())[0]
+
+
+def test_org_shape(fixed):
+    m = episode_metrics(fixed)
+    assert (m["org/size"], m["org/depth"], m["org/hires"]) == (5, 1, 4)
+    assert (m["org/hires_worker"], m["org/hires_verifier"], m["org/hires_tester"], m["org/hires_lead"]) == (3, 1, 0, 0)
+
+
+def test_verifier_detection(fixed, fixed2):
+    m = episode_metrics(fixed)
+    assert (m["org/verifiers_by_role"], m["org/verifiers_by_brief"], m["org/verifiers_by_behaviour"],
+            m["org/verifiers_detected"]) == (1, 1, 1, 1)
+    m2 = episode_metrics(fixed2)
+    assert (m2["org/verifiers_by_role"], m2["org/verifiers_by_brief"], m2["org/verifiers_by_behaviour"]) == (0, 0, 1)
+
+
+def test_false_approvals(fixed, fixed2):
+    m = episode_metrics(fixed)
+    # "68+57=125" approved (right), "42+37=80" approved (wrong)
+    assert (m["behaviour/approvals"], m["behaviour/approvals_checked"], m["behaviour/false_approvals"]) == (2, 2, 1)
+    assert m["behaviour/false_approval_rate"] == 0.5
+    m2 = episode_metrics(fixed2)  # "LGTM" with no claim: an approval, not judged
+    assert (m2["behaviour/approvals"], m2["behaviour/approvals_checked"]) == (1, 0)
+
+
+def test_peer_review_and_collective_thinking(fixed):
+    m = episode_metrics(fixed)
+    assert m["behaviour/peer_reviews"] == 1  # agent3 READ agent1's s1.txt, then posted about it
+    # completions' tokens (ceil(chars/4)): round 1: 25; 2: 1+6+6+1+1; 3: 1+1+1+3+2; 4: 1+18+1; 5: 6+1+1
+    assert m["time/total_tokens"] == 76
+    assert m["time/critical_path_tokens"] == 25 + 6 + 3 + 18 + 6
+    # posts mentioning others: "POST @agent0 42+37=80" 6, "POST @agent1 s1.txt ..." 11, "POST @agent0 APPROVE ..." 8
+    assert m["behaviour/collective_thinking"] == pytest.approx(25 / 76)
+    assert m["behaviour/messages_per_agent"] == pytest.approx(3 / 5)
+
+
+def test_free_riding_and_malformed(fixed):
+    m = episode_metrics(fixed)
+    assert (m["behaviour/idle_agents"], m["behaviour/idle_share"]) == (1, 0.25)
+    assert (m["behaviour/malformed_turns"], m["behaviour/turns"]) == (1, 17)
+    assert m["rollout/outcome"] == 0.0 and m["rollout/rounds"] == 5
+
+
+def test_aggregate_pools_rates(fixed, fixed2):
+    agg = aggregate([episode_metrics(fixed), episode_metrics(fixed2)])
+    assert agg["episodes"] == 2
+    assert agg["behaviour/false_approval_rate"] == 0.5  # 1 false of 2 checked, pooled
+    n2 = len(fixed2.turns)
+    assert agg["behaviour/malformed_rate"] == pytest.approx(1 / (17 + n2))
+    assert agg["org/size"] == (5 + 2) / 2
+    assert behaviour_metrics([fixed, fixed2]) == agg
+    assert aggregate([]) == {"episodes": 0.0}
+
+
+def test_verdict_words():
+    assert verdict("APPROVE 1+1=2") == "approve"
+    assert verdict("this is not correct") == "reject"
+    assert verdict("incorrect: 1+1=3") == "reject"
+    assert verdict("here is 1+1=2") is None
+    assert claim_is_right("@agent5 ok 125+79=204", TASK) is True
+    assert claim_is_right("1+2+3=7", TASK) is False
+    assert claim_is_right("looks fine", TASK) is None
+
+
+def test_scripted_rubber_stamp_verifiers_show_up_as_false_approvals():
+    tasks = build_family("sum").generate(4, 30, 3)
+    careful = behaviour_metrics(run_episodes(tasks, ScriptedOrg("verify", error_rate=0.2, seed=2), OrgConfig(max_rounds=40)))
+    lazy = behaviour_metrics(run_episodes(tasks, ScriptedOrg("verify", error_rate=0.2, rubber_stamp=1.0, seed=2),
+                                          OrgConfig(max_rounds=40)))
+    assert careful["behaviour/false_approvals"] == 0
+    assert lazy["behaviour/false_approval_rate"] > 0.1
+    assert lazy["rollout/outcome"] < careful["rollout/outcome"]

@@ -1,0 +1,203 @@
+"""The round scheduler with scripted policies on built-in tasks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pandas as pd
+
+from rlcr.config import OrgConfig, RewardConfig
+from rlcr.org import run_episodes
+from rlcr.org.episode import Generation, approx_tokens
+from rlcr.org.records import read_parquet, to_frames, write_parquet
+from rlcr.org.scripted import Replay, ScriptedOrg
+from rlcr.tasks import build_family
+
+TASK4 = build_family("sum").generate(0, 1, 3)[0]  # 68+57+42+37 = 204
+BIG = dict(max_agents=256, max_depth=8, max_rounds=60, token_budget=100_000, max_turn_tokens=1000,
+           max_obs_tokens=8000, context_tokens=9000, board_posts_shown=50)
+
+
+def cfg(**over) -> OrgConfig:
+    return OrgConfig(**over)
+
+
+def test_task_fixture_is_the_documented_example():
+    assert (TASK4.prompt, TASK4.answer) == ("68+57+42+37", "204")
+
+
+def test_one_batch_call_per_round_across_all_episodes():
+    tasks = build_family("sum").generate(0, 3, 3)
+    pol = Replay({(0, 1): "HIRE worker: a\nHIRE worker: b", (0, 3): "SUBMIT 1"})
+    recs = run_episodes(tasks, pol, cfg())
+    assert pol.calls == 3
+    # round 1: three CEOs; rounds 2-3: three CEOs and six workers, all in one call each
+    assert [len(r) for r in pol.requests] == [3, 9, 9]
+    assert {r.episode_id for r in pol.requests[1]} == {e.episode.episode_id for e in recs}
+    assert all(e.episode.end_reason == "submit" and e.episode.rounds == 3 for e in recs)
+
+
+def test_hires_join_next_round_and_org_chart_is_recorded():
+    pol = Replay({(0, 1): "HIRE lead: part one", (1, 2): "HIRE worker: sub part", (0, 4): "SUBMIT 204"})
+    rec = run_episodes([TASK4], pol, cfg())[0]
+    org = rec.episode.org()
+    assert [(m["agent"], m["role"], m["parent"], m["depth"], m["round"]) for m in org] == [
+        (0, "ceo", -1, 0, 1), (1, "lead", 0, 1, 2), (2, "worker", 1, 2, 3)]
+    assert [(t.round, t.agent) for t in rec.turns] == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2), (4, 0), (4, 1), (4, 2)]
+    assert rec.episode.outcome == 1.0 and rec.episode.max_depth == 2
+
+
+def test_org_size_depth_and_lead_limits():
+    c = cfg(max_agents=3, max_depth=1)
+    pol = Replay({(0, 1): "HIRE lead: x\nHIRE worker: y\nHIRE worker: z", (1, 2): "HIRE worker: w", (2, 2): "HIRE worker: v"})
+    rec = run_episodes([TASK4], pol, dataclasses.replace(c, max_rounds=2))[0]
+    t1 = rec.turns[0]
+    assert t1.n_actions == 2 and "org is full" in t1.errors
+    pol = Replay({(0, 1): "HIRE lead: x\nHIRE worker: y", (1, 2): "HIRE worker: w", (2, 2): "HIRE worker: v"})
+    rec = run_episodes([TASK4], pol, dataclasses.replace(c, max_rounds=2, max_agents=4))[0]
+    lead_turn, worker_turn = rec.turns[2], rec.turns[3]
+    assert "depth limit" in lead_turn.errors and not lead_turn.malformed  # a limit, not a protocol error
+    assert "not available" in worker_turn.errors and worker_turn.malformed  # workers cannot hire
+    no_leads = cfg(allow_leads=False, max_rounds=2)
+    rec = run_episodes([TASK4], Replay({(0, 1): "HIRE lead: x", (1, 2): "HIRE worker: y"}), no_leads)[0]
+    assert "not available" in rec.turns[2].errors
+
+
+def test_unknown_role_is_malformed():
+    rec = run_episodes([TASK4], Replay({(0, 1): "HIRE wizard: x"}), cfg(max_rounds=1))[0]
+    assert rec.turns[0].malformed and "unknown role" in rec.turns[0].errors
+
+
+def test_ends_at_max_rounds_truncated():
+    rec = run_episodes([TASK4], Replay({}), cfg(max_rounds=3))[0]
+    assert (rec.episode.end_reason, rec.episode.truncated, rec.episode.rounds, rec.episode.outcome) == ("max_rounds", True, 3, 0.0)
+
+
+def test_ends_when_nobody_is_left():
+    rec = run_episodes([TASK4], Replay({}, default="DONE"), cfg())[0]
+    assert rec.episode.end_reason == "idle" and rec.episode.rounds == 1
+
+
+def test_shared_token_budget_is_never_exceeded():
+    chatty = Replay({(0, 1): "HIRE worker: a\nHIRE worker: b\nHIRE worker: c"}, default="POST " + "blah " * 200)
+    c = cfg(token_budget=300, max_turn_tokens=64)
+    rec = run_episodes([TASK4], chatty, c)[0]
+    e = rec.episode
+    assert e.end_reason == "budget" and e.truncated
+    assert e.budget_used <= c.token_budget
+    assert all(t.completion_tokens <= t.max_new_tokens <= c.max_turn_tokens for t in rec.turns)
+    assert any(t.finish_reason == "cut" for t in rec.turns)
+
+
+def test_budget_can_charge_prompt_tokens_too():
+    c = cfg(token_budget=500, count_prompt_tokens=True, max_turn_tokens=32)
+    rec = run_episodes([TASK4], Replay({}), c)[0]
+    assert rec.episode.end_reason == "budget"
+    assert rec.episode.budget_used == rec.episode.prompt_tokens + rec.episode.total_tokens <= 500
+
+
+def test_policy_token_counts_win_over_the_length_function():
+    class Counted:
+        def generate_batch(self, reqs):
+            return [Generation("SUBMIT 204", prompt_tokens=7, completion_tokens=3, token_ids=[1, 2, 3],
+                               logprobs=[-0.5, -0.25, -1.0], finish_reason="stop") for _ in reqs]
+
+    t = run_episodes([TASK4], Counted(), cfg())[0].turns[0]
+    assert (t.prompt_tokens, t.completion_tokens, t.finish_reason) == (7, 3, "stop")
+    assert json.loads(t.token_ids) == [1, 2, 3] and json.loads(t.logprobs) == [-0.5, -0.25, -1.0]
+
+
+def test_observation_fits_its_budget_with_any_length_function():
+    noisy = Replay({(0, 1): "HIRE worker: w\nHIRE worker: v"}, default="POST " + "talk " * 60 + "\nWRITE f.txt\n" + "x" * 500)
+    for len_fn in (approx_tokens, len, lambda s: len(s.encode()) // 2 + 1):
+        c = cfg(max_obs_tokens=200, context_tokens=400, max_turn_tokens=150, max_rounds=6)
+        rec = run_episodes([TASK4], noisy, c, len_fn=len_fn)[0]
+        assert all(len_fn(t.prompt) <= 200 for t in rec.turns)
+        for t in rec.turns:  # the header and the task or brief survive the cut
+            assert t.prompt.startswith(f"agent{t.agent} | role") and ("task:\n| 68+57" in t.prompt or "brief:\n| " in t.prompt)
+
+
+def test_run_without_runner_is_an_error_observation_and_with_runner_shows_output():
+    pol = Replay({(0, 1): "WRITE main.py\nprint(1)", (0, 2): "RUN main.py", (0, 3): "SUBMIT 1"})
+    rec = run_episodes([TASK4], pol, cfg())[0]
+    assert "code execution not available" in rec.turns[1].errors and not rec.turns[1].malformed
+    calls = []
+    runner = lambda files, path: calls.append((dict(files), path)) or "1\n"  # noqa: E731
+    rec = run_episodes([TASK4], pol, cfg(), runner=runner)[0]
+    assert calls == [({"main.py": "print(1)"}, "main.py")]
+    assert "output of RUN main.py" in rec.turns[2].prompt
+
+
+def test_single_agent_mode_runs_through_the_same_scheduler():
+    c = cfg(single_agent=True)
+    rec = run_episodes([TASK4], Replay({(0, 1): "POST hi\nHIRE worker: x", (0, 2): "SUBMIT 204"}), c)[0]
+    assert rec.episode.mode == "single" and rec.episode.n_agents == 1
+    assert rec.turns[0].malformed and "\nactions: WRITE READ SUBMIT WAIT DONE\n" in rec.turns[0].prompt
+    solo = run_episodes([TASK4], ScriptedOrg("solo"), c)[0]
+    assert solo.episode.outcome == 1.0
+    assert solo.turns[0].completion == "68+57=125;125+42=167;167+37=204\nSUBMIT 204"
+    assert solo.episode.critical_path_tokens == solo.episode.total_tokens  # one agent: time = tokens
+
+
+def test_scripted_orgs_solve_error_free_and_verify_hires_verifiers():
+    tasks = build_family("sum").generate(0, 4, 5)
+    for style in ("solo", "delegate", "verify"):
+        recs = run_episodes(tasks, ScriptedOrg(style), cfg(max_agents=32))
+        assert all(r.episode.outcome == 1.0 and r.episode.malformed_turns == 0 for r in recs), style
+    roles = [m["role"] for m in recs[0].episode.org()]
+    assert "verifier" in roles and "lead" in roles
+
+
+def test_delegate_and_verify_beats_solo_when_workers_err():
+    tasks = build_family("sum").generate(1, 40, 7)  # 8 terms
+    acc = {}
+    for style in ("solo", "delegate", "verify"):
+        recs = run_episodes(tasks, ScriptedOrg(style, error_rate=0.1, seed=3), cfg(**BIG))
+        acc[style] = sum(r.episode.outcome for r in recs) / len(recs)
+    assert acc["verify"] >= acc["solo"] + 0.1, acc
+    assert acc["verify"] > acc["delegate"], acc
+
+
+def test_critical_path_beats_solo_time_on_long_tasks_not_on_short_ones():
+    c = cfg(**BIG)
+    long_tasks = build_family("sum").generate(2, 2, 127)  # 128 terms
+    solo = run_episodes(long_tasks, ScriptedOrg("solo"), c)
+    org = run_episodes(long_tasks, ScriptedOrg("verify", error_rate=0.02, seed=1), c)
+    for s, o in zip(solo, org, strict=True):
+        assert o.episode.critical_path_tokens < s.episode.total_tokens, (o.episode.critical_path_tokens, s.episode.total_tokens)
+        assert o.episode.total_tokens > s.episode.total_tokens  # the company spends more tokens in all
+    # on a 4-term task, communication overhead eats the parallel gain (DESIGN.md question 2)
+    s4 = run_episodes([TASK4], ScriptedOrg("solo"), c)[0]
+    o4 = run_episodes([TASK4], ScriptedOrg("verify"), c)[0]
+    assert o4.episode.critical_path_tokens > s4.episode.total_tokens
+
+
+def test_scripted_org_stays_within_a_tight_budget():
+    tasks = build_family("sum").generate(0, 3, 7)
+    c = cfg(token_budget=40, max_turn_tokens=32)
+    for style in ("solo", "verify"):
+        for r in run_episodes(tasks, ScriptedOrg(style), c):
+            assert r.episode.budget_used <= 40
+    assert all(r.episode.outcome == 1.0 for r in run_episodes(tasks, ScriptedOrg("solo"), c))
+
+
+def test_same_seed_same_episodes():
+    tasks = build_family("sum").generate(0, 3, 7)
+    a = run_episodes(tasks, ScriptedOrg("verify", error_rate=0.2, seed=5), cfg(**BIG), RewardConfig())
+    b = run_episodes(tasks, ScriptedOrg("verify", error_rate=0.2, seed=5), cfg(**BIG), RewardConfig())
+    strip = lambda df: df.drop(columns=[c for c in df.columns if "seconds" in c])  # noqa: E731
+    for x, y in zip(to_frames(a), to_frames(b), strict=True):
+        pd.testing.assert_frame_equal(strip(x), strip(y))
+
+
+def test_records_round_trip_through_parquet(tmp_path):
+    tasks = build_family("signed_sum").generate(0, 2, 3)
+    recs = run_episodes(tasks, ScriptedOrg("verify", error_rate=0.3), cfg(), RewardConfig(kind="mixed"))
+    write_parquet(recs, tmp_path / "t.parquet", tmp_path / "e.parquet")
+    back = read_parquet(tmp_path / "t.parquet", tmp_path / "e.parquet")
+    assert back == recs
+    turns, episodes = to_frames(recs)
+    pd.testing.assert_frame_equal(turns, pd.read_parquet(tmp_path / "t.parquet"))
+    pd.testing.assert_frame_equal(episodes, pd.read_parquet(tmp_path / "e.parquet"))
+    assert len(to_frames([])[0].columns) == len(turns.columns)
