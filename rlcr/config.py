@@ -362,6 +362,14 @@ class Params:
     org: OrgConfig = field(default_factory=OrgConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 
+    def __post_init__(self) -> None:
+        # invariants that span sections
+        if self.org.max_turn_tokens > self.engine.max_new_tokens:
+            _fail("org.max_turn_tokens", f"{self.org.max_turn_tokens} exceeds engine.max_new_tokens "
+                  f"{self.engine.max_new_tokens}: turns would be cut by the engine, not the organisation")
+        if self.org.context_tokens > self.model.context:
+            _fail("org.context_tokens", f"{self.org.context_tokens} exceeds model.context {self.model.context}")
+
     def section_hash(self, *sections: str) -> str:
         """Short hash of the named sections (all when none): a lineage tag for runs."""
         data = dataclasses.asdict(self)

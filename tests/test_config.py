@@ -85,3 +85,11 @@ def test_stage_exits_2_naming_the_key_before_work(project_copy):
     assert "prepare.shuffle: unknown key" in proc.stderr
     assert not (project_copy / "data").exists()
     assert not (project_copy / "mlflow.db").exists()
+
+
+def test_cross_section_invariants_are_named():
+    with pytest.raises(ConfigError, match=r"org\.max_turn_tokens: .* exceeds engine\.max_new_tokens"):
+        resolve(raw(), {"engine.max_new_tokens": 8})
+    with pytest.raises(ConfigError, match=r"org\.context_tokens: .* exceeds model\.context"):
+        resolve(raw(), {"model.context": 128, "org.max_obs_tokens": 64, "org.max_turn_tokens": 32,
+                        "org.context_tokens": 256})
