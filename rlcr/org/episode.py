@@ -30,12 +30,14 @@ from rlcr.config import OrgConfig, RewardConfig
 from rlcr.org.board import Board, render_post
 from rlcr.org.protocol import KEYWORDS, Action, mentions, one_line, parse_turn, quote_block
 from rlcr.org.records import EpisodeRecord, EpisodeRow, TurnRow
+from rlcr.org.sandbox import SandboxUnavailable
 from rlcr.org.workspace import Workspace
 from rlcr.tasks import Task, verify
 
 LengthFn = Callable[[str], int]
 Runner = Callable[[Mapping[str, str], str], str]
-"""A code runner: (workspace files, path to run) -> output text. Injected; none means no RUN."""
+"""A code runner: (workspace files, path to run) -> output text. Injected; none means no RUN.
+The sandboxed one is `rlcr.org.runner.SandboxRunner`."""
 
 
 def approx_tokens(text: str) -> int:
@@ -243,6 +245,8 @@ class EpisodeState:
         if kind == "RUN":
             try:
                 out = str(self.runner(self.workspace.files(), act.arg))[: cfg.max_file_chars]
+            except SandboxUnavailable:  # a broken environment, not the agent's fault: stop the rollout
+                raise
             except Exception as e:  # agent code must never take the rollout down
                 why = f"run failed: {type(e).__name__}: {one_line(str(e), 200)}"
                 return {"kind": kind, "path": act.arg, "refused": why}, why, False
