@@ -23,16 +23,16 @@ the caller), a disk that lies about fsync.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from rlcr.io import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -197,14 +197,6 @@ def _check_finite_weights(model_state: dict[str, Any]) -> None:
             raise CheckpointError(f"model tensor {name!r} contains NaN/Inf: refusing to checkpoint it")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def checkpoint_step(path: Path) -> int | None:
     """The step in a `ckpt-<step>.pt` name, None for any other file."""
     m = CKPT_RE.match(path.name)
@@ -229,18 +221,9 @@ def save_checkpoint(ckpt_dir: str | Path, state: dict[str, Any], keep_last: int 
     d = Path(ckpt_dir)
     d.mkdir(parents=True, exist_ok=True)
     final = d / f"ckpt-{state['step']}.pt"
-    fd, tmp_name = tempfile.mkstemp(dir=d, prefix=f".ckpt-{state['step']}.", suffix=".tmp")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp, final)
-        _fsync_dir(d)  # and the rename itself survives a crash
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # temp file in the same folder, fsync, os.replace, fsync of the folder (rlcr.io.atomic_path)
+    with atomic_path(final) as tmp:
+        torch.save(state, tmp)
     _prune(d, keep_last, keep=final)
     return final
 
