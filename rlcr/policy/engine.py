@@ -98,4 +98,8 @@ def make_engine(cfg: EngineConfig, folder: str | Path, model_cfg: ModelConfig | 
         from rlcr.policy.torch_engine import TorchEngine
 
         return TorchEngine.from_folder(folder, device=cfg.device, dtype=cfg.dtype, context=context)
-    raise NotImplementedError("engine.kind vllm: the vLLM engine is not written yet (issue 4, second part)")
+    if cfg.kind == "vllm":
+        from rlcr.policy.vllm_engine import VllmEngine
+
+        return VllmEngine.from_folder(folder, device=cfg.device, dtype=cfg.dtype, context=context)
+    raise ValueError(f"engine.kind {cfg.kind!r}: known kinds are torch and vllm")
