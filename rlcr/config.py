@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PROFILES = ("tiny", "smollm2", "gpu")
+PROFILES = ("tiny", "quick", "smollm2", "gpu")
 
 
 class ConfigError(ValueError):
@@ -136,6 +136,15 @@ class TrainConfig:
     """Optimiser backend: plain torch AdamW, or DeepSpeed ZeRO."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage (0-3); only read when backend is deepspeed."""
+    minibatches: int = 1
+    """Optimiser steps per iteration: the iteration's turns are shuffled into this many minibatches,
+    one step each; the first is on-policy, later ones are where the ratio clip acts."""
+    micro_batch_tokens: int = 16384
+    """Padded tokens (rows x longest) per forward/backward; gradients of a minibatch are accumulated."""
+    counterfactual_hires: int = 0
+    """Hires per iteration credited by re-running their episode without them (rlcr/train/credit.py); 0 = off."""
+    eval_tasks: int = 64
+    """Held-out built-in tasks the train stage scores before and after RL (company, sampled)."""
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -154,9 +163,13 @@ class TrainConfig:
             _fail("train.kl_coef", f"must be >= 0, got {self.kl_coef}")
         if self.group_size < 2:
             _fail("train.group_size", f"must be >= 2: a group of one has advantage 0 and teaches nothing, got {self.group_size}")
-        for key in ("iterations", "tasks_per_iteration", "checkpoint_every", "keep_last"):
+        for key in ("iterations", "tasks_per_iteration", "checkpoint_every", "keep_last", "minibatches",
+                    "micro_batch_tokens"):
             if getattr(self, key) < 1:
                 _fail(f"train.{key}", f"must be >= 1, got {getattr(self, key)}")
+        for key in ("counterfactual_hires", "eval_tasks"):
+            if getattr(self, key) < 0:
+                _fail(f"train.{key}", f"must be >= 0, got {getattr(self, key)}")
         if self.zero_stage not in (0, 1, 2, 3):
             _fail("train.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.backend == "torch" and self.zero_stage != 0:
@@ -165,12 +178,31 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class BootstrapConfig:
-    """`bootstrap`: supervised fine-tuning on scripted traces before RL, loss on action tokens only."""
+    """`bootstrap`: supervised fine-tuning on scripted traces before RL, loss on action tokens only
+    (rlcr/train/bootstrap.py). Instruct models (model.kind smollm2/hf) skip SFT: the base model is
+    the bootstrap policy."""
 
     steps: int = 300
-    """Optimiser steps of SFT."""
+    """Optimiser steps of SFT (trace steps and drill steps together)."""
     batch_size: int = 32
-    """Examples per step (padded to the longest in the batch)."""
+    """Trace examples per step (padded to the longest in the batch)."""
+    episodes: int = 3000
+    """Scripted episodes on the TRAIN tasks (cycled in file order) whose traces are imitated."""
+    styles: dict[str, float] = field(default_factory=lambda: {"solo": 0.15, "delegate": 0.35, "verify": 0.3, "single": 0.2})
+    """Mixture weights of the scripted organisations (normalised): solo, delegate and verify companies,
+    and single (the solo script with org.single_agent, so the baseline's observations are covered)."""
+    error_rates: tuple[float, ...] = (0.0, 0.1, 0.3)
+    """Scripted workers' and managers' error rate per addition, one drawn per episode: wrong posts in
+    the traces give verifiers something to reject (the wrong agents' own turns are not imitated)."""
+    verifier_error_rate: float = 0.0
+    """Scripted verifiers' error rate when they recompute a claim."""
+    drill_share: float = 0.0
+    """tiny only: share of steps that drill worked sums (`68+57+42=` -> `68+57=125;125+42=167`):
+    copying numbers and adding them, as every role's turn does, without the ~400-token observation."""
+    drill_batch_size: int = 64
+    """Drill examples per drill step (each ~30 tokens)."""
+    eval_tasks: int = 64
+    """Held-out built-in sum tasks for the quick check after bootstrap (metrics/bootstrap.json); 0 = none."""
     lr: float = 1e-3
     """Peak AdamW learning rate."""
     warmup_steps: int = 20
@@ -185,9 +217,25 @@ class BootstrapConfig:
     """Seed of data order and dropout."""
 
     def __post_init__(self) -> None:
-        for key in ("steps", "batch_size"):
+        for key in ("steps", "batch_size", "episodes", "drill_batch_size"):
             if getattr(self, key) < 1:
                 _fail(f"bootstrap.{key}", f"must be >= 1, got {getattr(self, key)}")
+        styles = ("solo", "delegate", "verify", "single")
+        for name, w in self.styles.items():
+            if name not in styles:
+                _fail(f"bootstrap.styles.{name}", f"unknown style (known: {list(styles)})")
+            if isinstance(w, bool) or not isinstance(w, int | float) or not w >= 0:
+                _fail(f"bootstrap.styles.{name}", f"must be a weight >= 0, got {w!r}")
+        if not sum(self.styles.values()) > 0:
+            _fail("bootstrap.styles", "needs at least one style with a positive weight")
+        if not self.error_rates or not all(0.0 <= r <= 1.0 for r in self.error_rates):
+            _fail("bootstrap.error_rates", f"must be a non-empty list of rates in [0, 1], got {list(self.error_rates)}")
+        if not 0.0 <= self.verifier_error_rate <= 1.0:
+            _fail("bootstrap.verifier_error_rate", f"must be in [0, 1], got {self.verifier_error_rate}")
+        if not 0.0 <= self.drill_share < 1.0:
+            _fail("bootstrap.drill_share", f"must be in [0, 1): some steps must train on traces, got {self.drill_share}")
+        if self.eval_tasks < 0:
+            _fail("bootstrap.eval_tasks", f"must be >= 0 (0 = no check), got {self.eval_tasks}")
         if not self.lr > 0:
             _fail("bootstrap.lr", f"must be > 0, got {self.lr}")
         if not 0 <= self.warmup_steps < self.steps:
@@ -346,11 +394,147 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class PolicySpec:
+    """A policy to roll out: its name (used in file and run names) and its HF folder."""
+
+    name: str
+    """Short name, e.g. bootstrap or trained; outs are data/rollouts/<name>__<org>.*"""
+    path: str
+    """HF folder relative to the project root, e.g. models/bootstrap (written by its stage)."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """`rollout`: episodes of each policy on the eval tasks, as a company and as a single agent,
+    at the same `org.token_budget` (the single agent is `org` with `single_agent: true`)."""
+
+    policies: tuple[PolicySpec, ...] = (PolicySpec("bootstrap", "models/bootstrap"),)
+    """Policies to roll out, as {name, path}; dvc.yaml's matrix runs one stage per policy x org."""
+    orgs: tuple[str, ...] = ("company", "single")
+    """Organisation modes: company (org as configured) and single (the same org with single_agent)."""
+    samples_per_task: int = 1
+    """Episodes per eval task (sampled at engine.temperature, each with its own episode id)."""
+    max_tasks_per_family: int = 0
+    """Eval tasks per family at most (taken round-robin over its difficulties, in file order); 0 = all."""
+    batch_episodes: int = 64
+    """Episodes run together in lock-step: all their agents of a round are one engine call."""
+    seed: int = 0
+    """Seed of the sampling; the same seed writes byte-identical rollouts."""
+
+    def __post_init__(self) -> None:
+        if not self.policies:
+            _fail("rollout.policies", "needs at least one policy")
+        names = [p.name for p in self.policies]
+        for name in names:
+            if not name.isidentifier() or "__" in name:
+                _fail("rollout.policies", f"{name!r}: a policy name is an identifier without '__'")
+        if len(set(names)) != len(names):
+            _fail("rollout.policies", f"a policy is listed twice: {names}")
+        if not self.orgs or any(o not in ("company", "single") for o in self.orgs) or len(set(self.orgs)) != len(self.orgs):
+            _fail("rollout.orgs", f"must be distinct values of company, single; got {list(self.orgs)}")
+        for key in ("samples_per_task", "batch_episodes"):
+            if getattr(self, key) < 1:
+                _fail(f"rollout.{key}", f"must be >= 1, got {getattr(self, key)}")
+        if self.max_tasks_per_family < 0:
+            _fail("rollout.max_tasks_per_family", f"must be >= 0 (0 = all), got {self.max_tasks_per_family}")
+
+    def policy(self, name: str) -> PolicySpec:
+        for p in self.policies:
+            if p.name == name:
+                return p
+        _fail("rollout.policies", f"no policy named {name!r} (have {[p.name for p in self.policies]})")
+
+
+ABLATION_VARIANTS = ("collective", "individual", "mixed", "counterfactual", "no_board", "no_hiring", "no_verifiers")
+"""Names of the ablation variants; what each one overrides (and why) is rlcr/ablate.py's table."""
+
+
+@dataclass(frozen=True)
+class AblateConfig:
+    """`ablate`: the matrix of variants x seeds, each a short RL run from models/bootstrap, then a
+    company rollout of its policy on the eval tasks and the evaluation of that rollout (rlcr/ablate.py)."""
+
+    variants: tuple[str, ...] = ABLATION_VARIANTS
+    """Variants to run (dvc.yaml's matrix reads this list as written in params.yaml: profiles cannot change it)."""
+    seeds: tuple[int, ...] = (0,)
+    """Seeds per variant: each sets the global, train and rollout seeds of its run (same for every variant)."""
+    iterations: int = 2
+    """RL iterations per run, in place of train.iterations (every other train param as in `train`)."""
+    max_tasks_per_family: int = 1
+    """Eval tasks per family in each run's rollout (round-robin over difficulties, rlcr.rollout.select_tasks); 0 = all."""
+
+    def __post_init__(self) -> None:
+        if not self.variants:
+            _fail("ablate.variants", "needs at least one variant")
+        unknown = [v for v in self.variants if v not in ABLATION_VARIANTS]
+        if unknown:
+            _fail("ablate.variants", f"unknown variant {unknown[0]!r} (known: {list(ABLATION_VARIANTS)})")
+        if len(set(self.variants)) != len(self.variants):
+            _fail("ablate.variants", f"a variant is listed twice: {list(self.variants)}")
+        if not self.seeds or min(self.seeds) < 0 or len(set(self.seeds)) != len(self.seeds):
+            _fail("ablate.seeds", f"must be a non-empty list of distinct ints >= 0, got {list(self.seeds)}")
+        if self.iterations < 1:
+            _fail("ablate.iterations", f"must be >= 1, got {self.iterations}")
+        if self.max_tasks_per_family < 0:
+            _fail("ablate.max_tasks_per_family", f"must be >= 0 (0 = all), got {self.max_tasks_per_family}")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """`evaluate`: how rollouts are cut and how sure the numbers must be (rlcr/evaluate.py: EvalSpec)."""
+
+    short_max: int = 1
+    """Tasks of difficulty <= this are `short` (difficulty d = d+1 terms for the sum families)."""
+    long_min: int = 3
+    """Tasks of difficulty >= this are `long`; between the two cuts a task is neither."""
+    n_resamples: int = 2000
+    """Bootstrap resamples per interval (tasks are resampled, rlcr/stats.py)."""
+    level: float = 0.95
+    """Confidence level of every interval."""
+    seed: int = 0
+    """Seed of every bootstrap (the same for all, so reruns give identical numbers)."""
+    baseline_policy: str = "bootstrap"
+    """Other policies are compared against this one, org by org (e.g. trained vs bootstrap)."""
+
+    def __post_init__(self) -> None:
+        if self.long_min <= self.short_max:
+            _fail("evaluate.long_min", f"{self.long_min} must be above short_max {self.short_max}: "
+                  "a task cannot be both short and long")
+        if self.n_resamples < 1:
+            _fail("evaluate.n_resamples", f"must be >= 1, got {self.n_resamples}")
+        if not 0.0 < self.level < 1.0:
+            _fail("evaluate.level", f"must be in (0, 1), got {self.level}")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """`report`: reports/report.md and its plots (rlcr/report.py); every figure comes from a metrics file."""
+
+    title: str = "RLCR: what a company trained by collective rewards does"
+    """First heading of the report."""
+    sample_org_charts: int = 4
+    """Company episodes drawn as org charts (the largest organisations of the last policy); 0 = none."""
+    min_tasks_for_claim: int = 20
+    """Below this many tasks in a comparison the report makes no claim, whatever the interval says."""
+    noninferiority_margin: float = 0.05
+    """Q1: the company `reaches` the single agent's score when the success difference's lower bound is above -margin."""
+
+    def __post_init__(self) -> None:
+        if self.sample_org_charts < 0:
+            _fail("report.sample_org_charts", f"must be >= 0, got {self.sample_org_charts}")
+        if self.min_tasks_for_claim < 1:
+            _fail("report.min_tasks_for_claim", f"must be >= 1, got {self.min_tasks_for_claim}")
+        if not 0.0 <= self.noninferiority_margin < 1.0:
+            _fail("report.noninferiority_margin", f"must be in [0, 1), got {self.noninferiority_margin}")
+
+
+@dataclass(frozen=True)
 class Params:
     """All of params.yaml after the profile is applied."""
 
-    profile: Literal["tiny", "smollm2", "gpu"] = "tiny"
-    """Which `profiles.<name>` overrides apply: tiny (CPU, minutes), smollm2 (CPU instruct LM), gpu."""
+    profile: Literal["tiny", "quick", "smollm2", "gpu"] = "tiny"
+    """Which `profiles.<name>` overrides apply: tiny (CPU, minutes), quick (the tiny pipeline cut to a
+    few minutes for tests), smollm2 (CPU instruct LM), gpu."""
     seed: int = 0
     """Global seed for everything that does not have its own."""
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
@@ -361,6 +545,10 @@ class Params:
     engine: EngineConfig = field(default_factory=EngineConfig)
     org: OrgConfig = field(default_factory=OrgConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ablate: AblateConfig = field(default_factory=AblateConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     def __post_init__(self) -> None:
         # invariants that span sections

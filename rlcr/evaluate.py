@@ -8,16 +8,24 @@ Per run `<run>/...` (see `group_metrics`), on all episodes and again per `family
 `difficulty/<d>`, `short` (difficulty <= `short_max`) and `long` (difficulty >= `long_min`):
     success (outcome >= 1) with success_ci_low/high (95% by default, TASKS resampled: rlcr.stats),
     outcome, episodes, tasks, tokens (generated per episode), critical_path_tokens, seconds (real),
-    accuracy_per_1k_tokens (successes per 1000 generated tokens, pooled).
+    accuracy_per_1k_tokens (successes per 1000 generated tokens, pooled) with its CI.
+Company runs whose episode table has the org chart are also cut by `verifiers/hired` (the org hired
+a verifier or tester) and `verifiers/none`: observational, for Q3 (the ablation is the causal test).
 Plus the run's aggregated behaviour metrics (`<run>/org/...`, `<run>/behaviour/...`, `<run>/time/...`,
-`<run>/rollout/...`) from `rlcr.behaviour` when the turn frame is given.
+`<run>/rollout/...`) from `rlcr.behaviour` when the turn frame is given, and two pooled rates with
+their CIs: `behaviour/false_approval_rate` (false approvals / checked approvals: cover-up) and
+`behaviour/idle_agents_per_hire` (idle hires / hires: free-riding).
 
 Comparisons, paired by task on the tasks both runs share, overall and per short/long:
     compare/company_vs_single/<policy>/...       both orgs of one policy at the same token budget
     compare/<policy>_vs_<baseline>/<org>/...     e.g. trained_vs_bootstrap/company
 with success_<a>, success_<b>, success_diff (a - b) and its CI, tasks, tokens_ratio (a/b generated
 tokens), seconds_ratio (real time), critical_path_ratio (a's modelled time / b's, where a company
-episode's time is its critical path and a single agent's its total tokens) with its CI.
+episode's time is its critical path and a single agent's its total tokens) with its CI, and, when
+both runs have turn frames, false_approval_rate_diff and idle_agents_per_hire_diff (a - b) with CIs.
+
+`read_run` loads a run from data/rollouts (real seconds from its `.timing.parquet`), `spec_metrics`
+records how the numbers were made (`eval/level`, ...), `plot_frames` gives the DVC plot tables.
 
 Everything is a plain float; a quantity that cannot be defined (a ratio over zero tokens, a group
 with no episodes) is left out rather than written as NaN.
@@ -28,43 +36,33 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from rlcr.behaviour import behaviour_metrics
+from rlcr.behaviour import aggregate, episode_metrics
+from rlcr.config import EvaluateConfig
 from rlcr.org.records import EpisodeRecord, from_frames, to_frames
 from rlcr.stats import Interval, bootstrap_ci, paired_diff_ci, paired_ratio_ci
 
 EPISODE_COLUMNS = ("episode_id", "task_id", "family", "task", "mode", "outcome", "total_tokens",
                    "critical_path_tokens", "seconds")
 TABLE_COLUMNS = ("run", "policy", "org", "group", "value", "episodes", "tasks", "success", "success_ci_low",
-                 "success_ci_high", "outcome", "tokens", "critical_path_tokens", "seconds", "accuracy_per_1k_tokens")
+                 "success_ci_high", "outcome", "tokens", "critical_path_tokens", "seconds", "accuracy_per_1k_tokens",
+                 "accuracy_per_1k_tokens_ci_low", "accuracy_per_1k_tokens_ci_high")
+VERIFIER_ROLES = ("verifier", "tester")
+# pooled behaviour rates with a CI: name -> (numerator, denominator) columns of the episode table
+RATES = {"behaviour/false_approval_rate": ("false_approvals", "approvals_checked"),
+         "behaviour/idle_agents_per_hire": ("idle_agents", "hires")}
+# those columns, from rlcr.behaviour's per-episode keys
+BEHAVIOUR_COUNTS = {"false_approvals": "behaviour/false_approvals", "approvals_checked": "behaviour/approvals_checked",
+                    "idle_agents": "behaviour/idle_agents", "hires": "org/hires"}
 
 
-@dataclass(frozen=True)
-class EvalSpec:
-    """How to cut and how sure to be."""
-
-    short_max: int = 1
-    """Tasks of difficulty <= this are `short` (difficulty d = d+1 terms for the sum families)."""
-    long_min: int = 3
-    """Tasks of difficulty >= this are `long`; between the two cuts a task is neither."""
-    n_resamples: int = 2000
-    """Bootstrap resamples per interval."""
-    level: float = 0.95
-    """Confidence level of every interval."""
-    seed: int = 0
-    """Seed of every bootstrap (the same for all, so reruns give identical numbers)."""
-    baseline_policy: str = "bootstrap"
-    """Other policies are compared against this one, org by org."""
-
-    def __post_init__(self) -> None:
-        if self.long_min <= self.short_max:
-            raise ValueError(f"long_min {self.long_min} must be above short_max {self.short_max}: "
-                             "a task cannot be both short and long")
-        if self.n_resamples < 1 or not 0.0 < self.level < 1.0:
-            raise ValueError(f"need n_resamples >= 1 and 0 < level < 1, got {self.n_resamples}, {self.level}")
+EvalSpec = EvaluateConfig
+"""How to cut and how sure to be: the params section `evaluate` (short_max, long_min, n_resamples,
+level, seed, baseline_policy), one dataclass so the stage and library cannot drift apart."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,22 @@ def episode_table(episodes: pd.DataFrame) -> pd.DataFrame:
     })
     single = (episodes["mode"] == "single").to_numpy()
     out["time_tokens"] = np.where(single, out["tokens"], out["critical_path_tokens"])
+    out["mode"] = episodes["mode"].astype(str).to_numpy()
+    if "org_chart" in episodes.columns:
+        out["verifiers"] = [sum(m["role"] in VERIFIER_ROLES for m in json.loads(c)) for c in episodes["org_chart"]]
     return out.reset_index(drop=True)
+
+
+def run_table(frames: RunFrames) -> tuple[pd.DataFrame, dict[str, float] | None]:
+    """(`episode_table` plus each episode's BEHAVIOUR_COUNTS columns, the run's aggregated
+    `rlcr.behaviour` metrics); without the turn frame, no behaviour columns and None."""
+    table = episode_table(frames.episodes)
+    if frames.turns is None:
+        return table, None
+    per_episode = [episode_metrics(r) for r in from_frames(frames.turns, frames.episodes)]
+    for column, key in BEHAVIOUR_COUNTS.items():
+        table[column] = [m.get(key, 0.0) for m in per_episode]
+    return table, aggregate(per_episode)
 
 
 def by_task(table: pd.DataFrame, column: str) -> dict[str, np.ndarray]:
@@ -134,8 +147,46 @@ def length_groups(table: pd.DataFrame, spec: EvalSpec) -> dict[str, pd.DataFrame
     return {k: v for k, v in parts.items() if len(v)}
 
 
+def _kw(spec: EvalSpec) -> dict:
+    return {"n_resamples": spec.n_resamples, "seed": spec.seed, "level": spec.level}
+
+
 def _ci(values: Mapping[str, np.ndarray], spec: EvalSpec) -> Interval:
-    return bootstrap_ci(values, n_resamples=spec.n_resamples, seed=spec.seed, level=spec.level)
+    return bootstrap_ci(values, **_kw(spec))
+
+
+def _with_ci(name: str, ci: Interval, scale: float = 1.0) -> dict[str, float]:
+    return {name: scale * ci.estimate, f"{name}_ci_low": scale * ci.low, f"{name}_ci_high": scale * ci.high}
+
+
+def rate_metrics(table: pd.DataFrame, spec: EvalSpec) -> dict[str, float]:
+    """The RATES pooled over episodes (sum of numerators / sum of denominators) with task-resampled
+    CIs; a rate whose denominator is 0 (no checked approval, no hire) is left out."""
+    out: dict[str, float] = {}
+    for name, (num, den) in RATES.items():
+        if num in table and table[den].sum() > 0:
+            out.update(_with_ci(name, paired_ratio_ci(by_task(table, num), by_task(table, den), **_kw(spec))))
+    return out
+
+
+def rate_diff_ci(a: pd.DataFrame, b: pd.DataFrame, num: str, den: str, spec: EvalSpec) -> Interval | None:
+    """rate(a) - rate(b) with rate = sum(num) / sum(den), on the tasks both ran, both arms drawing the
+    same tasks per resample; resamples where either denominator is 0 are dropped. None when either
+    observed denominator is 0."""
+    shared = sorted(set(a["task_id"]) & set(b["task_id"]))
+    sums = [t[t["task_id"].isin(shared)].groupby("task_id", sort=True)[[num, den]].sum().reindex(shared).to_numpy()
+            for t in (a, b)]  # (T, 2) each
+    if not shared or any(s[:, 1].sum() == 0 for s in sums):
+        return None
+    idx = np.random.default_rng(spec.seed).integers(0, len(shared), size=(spec.n_resamples, len(shared)))  # (R, T)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = [s[idx, 0].sum(axis=1) / s[idx, 1].sum(axis=1) for s in sums]  # (R,) each
+    diff = boot[0] - boot[1]
+    diff = diff[np.isfinite(diff)]
+    est = float(sums[0][:, 0].sum() / sums[0][:, 1].sum() - sums[1][:, 0].sum() / sums[1][:, 1].sum())
+    alpha = (1.0 - spec.level) / 2.0
+    low, high = np.quantile(diff, [alpha, 1.0 - alpha]) if diff.size else (est, est)
+    return Interval(est, float(low), float(high), len(shared), len(a) + len(b))
 
 
 def _per_1k(successes: float, tokens: float) -> dict[str, float]:
@@ -154,6 +205,9 @@ def group_metrics(table: pd.DataFrame, spec: EvalSpec) -> dict[str, float]:
            "critical_path_tokens": float(table["critical_path_tokens"].mean()),
            "seconds": float(table["seconds"].mean())}
     out.update(_per_1k(float(table["success"].sum()), float(table["tokens"].sum())))
+    if table["tokens"].sum() > 0:  # successes per token pooled = mean success / mean tokens over the same episodes
+        acc = paired_ratio_ci(by_task(table, "success"), by_task(table, "tokens"), **_kw(spec))
+        out.update({f"accuracy_per_1k_tokens_ci_{k}": 1000.0 * getattr(acc, k) for k in ("low", "high")})
     return out
 
 
@@ -163,6 +217,9 @@ def groups(table: pd.DataFrame, spec: EvalSpec) -> list[tuple[str, str, pd.DataF
     out += [("family", str(f), g) for f, g in table.groupby("family", sort=True)]
     out += [("difficulty", str(d), g) for d, g in table.groupby("difficulty", sort=True)]
     out += [("length", k, g) for k, g in length_groups(table, spec).items()]
+    if "verifiers" in table and (table["mode"] == "company").all():
+        hired = table["verifiers"] > 0
+        out += [("verifiers", k, g) for k, g in (("hired", table[hired]), ("none", table[~hired])) if len(g)]
     return out
 
 
@@ -170,9 +227,11 @@ def _prefix(kind: str, value: str) -> str:
     return "" if kind == "all" else (f"{value}/" if kind == "length" else f"{kind}/{value}/")
 
 
-def run_metrics(run: str, frames: RunFrames, spec: EvalSpec) -> tuple[dict[str, float], list[dict]]:
-    """All of one run's keys (`<run>/...`) and its rows of the tidy table."""
-    table = episode_table(frames.episodes)
+def run_metrics(run: str, frames: RunFrames | tuple[pd.DataFrame, dict | None], spec: EvalSpec
+                ) -> tuple[dict[str, float], list[dict]]:
+    """All of one run's keys (`<run>/...`) and its rows of the tidy table (from its frames, or from
+    the `run_table` already made of them)."""
+    table, behaviour = frames if isinstance(frames, tuple) else run_table(frames)
     if table.empty:
         return {f"{run}/episodes": 0.0}, []
     policy, org = split_name(run)
@@ -182,8 +241,8 @@ def run_metrics(run: str, frames: RunFrames, spec: EvalSpec) -> tuple[dict[str, 
         m = group_metrics(g, spec)
         metrics.update({f"{run}/{_prefix(kind, value)}{k}": v for k, v in m.items()})
         rows.append({"run": run, "policy": policy, "org": org, "group": kind, "value": value, **m})
-    if frames.turns is not None:
-        beh = behaviour_metrics(from_frames(frames.turns, frames.episodes))
+    if behaviour is not None:
+        beh = {**behaviour, **rate_metrics(table, spec)}
         metrics.update({f"{run}/{k}": float(v) for k, v in beh.items() if "/" in k})
     return metrics, rows
 
@@ -197,7 +256,7 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_name: str, b_name: str, s
     if not shared:
         return {}
     a, b = a[a["task_id"].isin(shared)], b[b["task_id"].isin(shared)]
-    kw = {"n_resamples": spec.n_resamples, "seed": spec.seed, "level": spec.level}
+    kw = _kw(spec)
     diff = paired_diff_ci(by_task(a, "success"), by_task(b, "success"), **kw)
     out = {f"success_{a_name}": float(a["success"].mean()), f"success_{b_name}": float(b["success"].mean()),
            "success_diff": diff.estimate, "success_diff_ci_low": diff.low, "success_diff_ci_high": diff.high,
@@ -211,6 +270,10 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_name: str, b_name: str, s
                     "critical_path_ratio_ci_high": r.high})
     for name, t in ((a_name, a), (b_name, b)):
         out.update({f"{k}_{name}": v for k, v in _per_1k(float(t["success"].sum()), float(t["tokens"].sum())).items()})
+    for name, (num, den) in RATES.items():
+        d = rate_diff_ci(a, b, num, den, spec) if num in a and num in b else None
+        if d is not None:
+            out.update(_with_ci(f"{name.split('/')[1]}_diff", d))
     return out
 
 
@@ -246,13 +309,49 @@ def evaluate(runs: Mapping[str, RunFrames], spec: EvalSpec | None = None) -> Eva
     spec = spec or EvalSpec()
     metrics: dict[str, float] = {}
     rows: list[dict] = []
-    for run in sorted(runs):
-        m, r = run_metrics(run, runs[run], spec)
+    tables = {run: run_table(runs[run]) for run in sorted(runs)}
+    for run, table in tables.items():
+        m, r = run_metrics(run, table, spec)
         metrics.update(m)
         rows += r
-    metrics.update(comparisons({run: episode_table(f.episodes) for run, f in runs.items()}, spec))
+    metrics.update(comparisons({run: t for run, (t, _) in tables.items()}, spec))
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
     return Evaluation({k: float(v) for k, v in metrics.items()}, table)
+
+
+def spec_metrics(spec: EvalSpec, runs: int) -> dict[str, float]:
+    """How the numbers were made, kept next to them so a report quotes them from the metrics file."""
+    return {"eval/level": float(spec.level), "eval/n_resamples": float(spec.n_resamples),
+            "eval/short_max": float(spec.short_max), "eval/long_min": float(spec.long_min), "eval/runs": float(runs)}
+
+
+def plot_frames(ev: Evaluation) -> dict[str, pd.DataFrame]:
+    """DVC plot tables: success per family per run (with CI), and success vs cost and modelled time
+    per run, overall and per difficulty (a company's critical path; a single agent's is its total)."""
+    t = ev.table
+    keep = ["run", "success", "success_ci_low", "success_ci_high", "episodes"]
+    fam = t[t["group"] == "family"].rename(columns={"value": "family"})[["family", *keep]]
+    fam.insert(0, "family_run", fam["family"] + " | " + fam["run"])  # one bar per family and run
+    cut = t[t["group"].isin(["all", "difficulty"])].rename(columns={"value": "difficulty"})
+    time = cut[["run", "policy", "org", "difficulty", "critical_path_tokens", "tokens", "seconds", *keep[1:]]]
+    return {"success_by_family": fam.reset_index(drop=True), "success_vs_critical_path": time.reset_index(drop=True)}
+
+
+def read_run(folder: str | Path, run: str) -> RunFrames | None:
+    """`<folder>/<run>.parquet` with its `.turns.parquet`, real seconds taken from `.timing.parquet`
+    (the episode table stores 0.0 there so it stays byte-reproducible); None when never rolled out."""
+    folder = Path(folder)
+    if not (folder / f"{run}.parquet").exists():
+        return None
+    episodes = pd.read_parquet(folder / f"{run}.parquet")
+    if (folder / f"{run}.timing.parquet").exists():
+        seconds = pd.read_parquet(folder / f"{run}.timing.parquet").set_index("episode_id")["seconds"]
+        lost = sorted(set(episodes["episode_id"]) - set(seconds.index))
+        if lost:
+            raise ValueError(f"{run}.timing.parquet lacks episodes {lost[:5]}: rerun its rollout stage")
+        episodes = episodes.assign(seconds=episodes["episode_id"].map(seconds).astype(float))
+    turns = folder / f"{run}.turns.parquet"
+    return RunFrames(episodes=episodes, turns=pd.read_parquet(turns) if turns.exists() else None)
 
 
 def nest(flat: Mapping[str, float]) -> dict:
@@ -271,6 +370,7 @@ def nest(flat: Mapping[str, float]) -> dict:
     return root
 
 
-__all__ = ["EPISODE_COLUMNS", "TABLE_COLUMNS", "EvalSpec", "Evaluation", "RunFrames", "by_task", "compare_runs",
-           "compare_tables", "comparisons", "episode_table", "evaluate", "group_metrics", "groups", "length_groups",
-           "nest", "run_metrics", "split_name"]
+__all__ = ["BEHAVIOUR_COUNTS", "EPISODE_COLUMNS", "RATES", "TABLE_COLUMNS", "VERIFIER_ROLES", "EvalSpec", "Evaluation",
+           "RunFrames", "by_task", "compare_runs", "compare_tables", "comparisons", "episode_table", "evaluate",
+           "group_metrics", "groups", "length_groups", "nest", "plot_frames", "rate_diff_ci", "rate_metrics",
+           "read_run", "run_metrics", "run_table", "spec_metrics", "split_name"]

@@ -23,7 +23,7 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get(
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 # what a copy of the project needs to run its stages (no data, models, state or venv)
-PROJECT_FILES = ["rlcr", "stages", "flows", "dvc.yaml", "params.yaml", "pyproject.toml", ".dvc/config",
+PROJECT_FILES = ["rlcr", "stages", "flows", "configs", "dvc.yaml", "params.yaml", "pyproject.toml", ".dvc/config",
                  ".dvcignore", ".gitignore"]
 
 
@@ -47,3 +47,15 @@ def copy_project(dest: Path) -> Path:
 @pytest.fixture
 def project_copy(tmp_path: Path) -> Path:
     return copy_project(tmp_path / "project")
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_uri_stays_local():
+    """`mlflow.set_tracking_uri` (called by `rlcr.tracking.stage_run`) exports MLFLOW_TRACKING_URI;
+    restore it after each test so a later test's `dvc repro` does not log into an earlier test's db."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before

@@ -104,10 +104,11 @@ def test_each_request_is_cut_to_its_own_allowance(policy):
 
 def test_same_seed_same_episodes_other_seed_other_episodes(policy):
     model, tok = policy
-    engine = TorchEngine(model, tok, context=CTX)
     tasks = build_family("sum").generate(2, 3, 2)
 
     def run(seed):
+        # a fresh engine: its prefix cache starts empty, as it was for the run compared against
+        engine = TorchEngine(model, tok, context=CTX)
         pol = EnginePolicy(engine, tok, Sampling(temperature=1.0, max_new_tokens=16, seed=seed))
         recs = run_episodes(tasks, pol, ORG, RewardConfig(), len_fn=token_length_fn(tok))
         return [(t.prompt, t.token_ids, t.logprobs) for r in recs for t in r.turns]

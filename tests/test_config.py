@@ -93,3 +93,21 @@ def test_cross_section_invariants_are_named():
     with pytest.raises(ConfigError, match=r"org\.context_tokens: .* exceeds model\.context"):
         resolve(raw(), {"model.context": 128, "org.max_obs_tokens": 64, "org.max_turn_tokens": 32,
                         "org.context_tokens": 256})
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("rollout.orgs", ["company", "team"], r"rollout\.orgs: must be distinct values"),
+    ("rollout.orgs", [], r"rollout\.orgs: must be distinct values"),
+    ("rollout.samples_per_task", 0, r"rollout\.samples_per_task: must be >= 1"),
+    ("rollout.batch_episodes", 0, r"rollout\.batch_episodes: must be >= 1"),
+    ("rollout.max_tasks_per_family", -1, r"rollout\.max_tasks_per_family: must be >= 0"),
+])
+def test_rollout_values_are_checked_when_loading(key, value, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve(raw(), {key: value})
+
+
+def test_quick_profile_shrinks_the_pipeline():
+    p, q = resolve(raw()), resolve(raw(profile="quick"))
+    assert q.bootstrap.steps < p.bootstrap.steps and q.train.iterations < p.train.iterations
+    assert len(q.prepare.eval) < len(p.prepare.eval)

@@ -118,6 +118,28 @@ def test_observation_fits_its_budget_with_any_length_function():
             assert t.prompt.startswith(f"agent{t.agent} | role") and ("task:\n| 68+57" in t.prompt or "brief:\n| " in t.prompt)
 
 
+def test_what_an_agent_works_from_comes_last_and_survives_a_tight_budget():
+    pol = Replay({(0, 1): "HIRE worker: 68+57\nHIRE worker: 42+37", (1, 2): "POST @agent0 68+57=125",
+                  (2, 2): "POST @agent0 42+37=79"}, default="WAIT")
+    rec = run_episodes([TASK4], pol, cfg(max_rounds=3), len_fn=len)[0]
+    ceo2, ceo3 = (next(t.prompt for t in rec.turns if t.agent == 0 and t.round == r) for r in (2, 3))
+    lines = ceo3.split("\n")
+    assert lines[0] == "agent0 | role ceo | you lead the company | depth 0"
+    status = next(i for i, line in enumerate(lines) if line.startswith("round 3 of 3 | tokens left "))
+    # status, then the task, then the posts for the CEO, and nothing after them
+    assert lines[status + 1 : status + 3] == ["task:", "| 68+57+42+37"]
+    assert lines[status + 3] == "for you (last 2 of 2):"
+    assert lines[status + 4 :] == ["[#1 agent1 worker] @agent0 68+57=125", "[#2 agent2 worker] @agent0 42+37=79"]
+    assert any(line.startswith("org (") for line in lines[:status]) and "round" not in "\n".join(lines[:status])
+    # successive observations of an agent share everything above the status line (prefix cache)
+    assert ceo2.startswith("\n".join(lines[:status]))
+    # a budget that holds little more than the status and the task keeps exactly those, in that order
+    tight = run_episodes([TASK4], Replay({}, default="WAIT"), cfg(max_obs_tokens=54, context_tokens=200,
+                                                                  max_turn_tokens=64), len_fn=len)[0]
+    first = tight.turns[0].prompt
+    assert len(first) <= 54 and first.split("\n")[-3:] == ["round 1 of 24 | tokens left 4096", "task:", "| 68+57+42+37"]
+
+
 def test_run_without_runner_is_an_error_observation_and_with_runner_shows_output():
     pol = Replay({(0, 1): "WRITE main.py\nprint(1)", (0, 2): "RUN main.py", (0, 3): "SUBMIT 1"})
     rec = run_episodes([TASK4], pol, cfg())[0]

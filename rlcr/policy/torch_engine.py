@@ -1,10 +1,17 @@
 """Batched KV-cached decoding in plain torch: all prompts of all agents of all episodes at once.
 
 How it works:
-- Prompts are sorted by length and prefilled in chunks of about `prefill_tokens` tokens, each chunk
-  left-padded only to its own longest prompt and written right-aligned into one preallocated KV
-  cache of shape (B, heads, L + max_new_tokens, head_dim) per layer, L the longest prompt.
-  Compared with padding everything to L, this skips most of the padding work.
+- Prefix reuse: the engine keeps the KV of the sequences it ran (prompt + the completion tokens fed
+  back), bounded by `prefix_cache_bytes`, LRU (rlcr/policy/prefix_cache.py). A prompt that starts
+  with a stored sequence gets that KV copied in and prefills only the rest: an agent's successive
+  observations share their head (identity, task, actions; the per-round status line comes last),
+  so ~90% of the prompt tokens of an episode's later rounds are not recomputed. The cache is
+  cleared when the weights change (`load_state_dict`, or any in-place change of a parameter).
+- Prompts are sorted by fresh (not reused) tokens and prefilled in chunks of about `prefill_tokens`
+  tokens; a chunk's rows all run their last `width` columns (the chunk's most fresh tokens), so a
+  row with fewer fresh tokens recomputes a few cached ones (or pads, if shorter). Rows sit
+  right-aligned in one preallocated KV cache of shape (B, heads, L + max_new_tokens, head_dim) per
+  layer, L the longest prompt.
 - Decoding feeds one token per active row per step; new keys/values are written in place (no
   `torch.cat` of the whole cache per step as in HF's DynamicCache). We pass our own 4-D boolean
   attention mask and per-row position ids, so left padding is invisible to the model.
@@ -12,7 +19,15 @@ How it works:
   a completion (eos, stop ids, any token whose text contains a stop string) plus a comparison of
   the last k tokens with each stop string's token sequence. Finished rows are dropped from the
   batch (the cache is compacted) once they are an eighth of it, so short answers stop costing.
-- Sampling uses one torch.Generator seeded per call: same prompts + same Sampling -> same tokens.
+- Sampling uses one torch.Generator seeded per call, and rows draw in the caller's order, so what
+  a prompt samples does not depend on how cache hits reorder the batch.
+
+Determinism: the same engine state (a fresh engine, or the same sequence of calls since it was
+built or its weights changed) + the same prompts + the same Sampling -> bit-identical outputs.
+With another cache state the same call gives the same tokens and logprobs equal up to float
+rounding (~1e-6 in fp32: reused keys/values were computed in another batch shape, which already
+holds without reuse for a prompt alone vs in a batch); a sampled token could only differ if its
+uniform draw fell within that rounding of a boundary of the sampling law.
 
 Context: a row never sees more than `context` tokens (min of the model's max_position_embeddings
 and the `context` cap). A prompt longer than context - max_new_tokens loses its left part (the end,
@@ -21,7 +36,8 @@ does not fit, the row ends with finish_reason "context" when the window is full.
 
 Does not cover: a stop string that the model spells with a token split different from the
 tokenizer's own split of that string and that no single token contains (e.g. BPE "x\\n" + "\\n"
-against stop "\\n\\n"); with the character tokenizer every stop string is caught.
+against stop "\\n\\n"); with the character tokenizer every stop string is caught. Sharing KV
+memory between cached sequences with a common prefix (each stores its own copy).
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from rlcr.policy.engine import Completion, Sampling
 from rlcr.policy.models import DTYPES, load_policy
+from rlcr.policy.prefix_cache import PrefixCache
 
 _RUNNING, _STOP, _LENGTH, _CONTEXT = 0, 1, 2, 3
 _REASONS = {_STOP: "stop", _LENGTH: "length", _CONTEXT: "context"}
@@ -41,21 +58,13 @@ _REASONS = {_STOP: "stop", _LENGTH: "length", _CONTEXT: "context"}
 class _SlotLayer(DynamicLayer):
     """One layer's preallocated K/V; the engine sets which rows/columns a forward reads and writes."""
 
-    def __init__(self, batch: int, capacity: int):
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor):
         super().__init__()
-        self.batch, self.capacity = batch, capacity
-        self.rows, self.read_from, self.write_at = slice(0, batch), 0, 0
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        k, v = key_states, value_states
-        self.kbuf = k.new_zeros(self.batch, k.shape[1], self.capacity, k.shape[-1])
-        self.vbuf = v.new_zeros(self.batch, v.shape[1], self.capacity, v.shape[-1])
-        self.is_initialized = True
+        self.kbuf, self.vbuf = kbuf, vbuf  # (B, kv_heads, capacity, head_dim)
+        self.dtype, self.device, self.is_initialized = kbuf.dtype, kbuf.device, True
+        self.rows, self.read_from, self.write_at = slice(0, kbuf.shape[0]), 0, 0
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
         end = self.write_at + key_states.shape[-2]
         self.kbuf[self.rows, :, self.write_at : end] = key_states
         self.vbuf[self.rows, :, self.write_at : end] = value_states
@@ -67,13 +76,17 @@ class _SlotLayer(DynamicLayer):
         return self.write_at
 
     def keep_rows(self, index: torch.Tensor) -> None:
-        if self.is_initialized:
-            self.kbuf, self.vbuf = self.kbuf[index], self.vbuf[index]
+        self.kbuf, self.vbuf = self.kbuf[index], self.vbuf[index]
 
 
 class _SlotCache(Cache):
-    def __init__(self, num_layers: int, batch: int, capacity: int):
-        super().__init__(layers=[_SlotLayer(batch, capacity) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (batch, kv_heads, capacity, head_dim)
+        super().__init__(layers=[
+            _SlotLayer(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(num_layers)
+        ])
 
     def set_window(self, rows: slice, read_from: int, write_at: int) -> None:
         for layer in self.layers:
@@ -82,6 +95,22 @@ class _SlotCache(Cache):
     def keep_rows(self, index: torch.Tensor) -> None:
         for layer in self.layers:
             layer.keep_rows(index)
+
+    def read(self, row: int, start: int, end: int) -> torch.Tensor:
+        """A copy of row `row`'s K/V at columns [start, end): (layers, 2, kv_heads, n, head_dim)."""
+        k0 = self.layers[0].kbuf
+        kv = k0.new_empty(len(self.layers), 2, k0.shape[1], end - start, k0.shape[-1])
+        for i, layer in enumerate(self.layers):
+            kv[i, 0].copy_(layer.kbuf[row, :, start:end])
+            kv[i, 1].copy_(layer.vbuf[row, :, start:end])
+        return kv
+
+    def write(self, row: int, start: int, kv: torch.Tensor) -> None:
+        """Put `kv` (layers, 2, kv_heads, n, head_dim), e.g. a stored prefix, at row `row`, columns start.."""
+        end = start + kv.shape[-2]
+        for i, layer in enumerate(self.layers):
+            layer.kbuf[row, :, start:end] = kv[i, 0]
+            layer.vbuf[row, :, start:end] = kv[i, 1]
 
 
 def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +135,8 @@ class TorchEngine:
     """The in-process engine; see the module docstring for how it batches and what it guarantees."""
 
     def __init__(self, model, tokenizer, device: str = "cpu", dtype: str = "float32",
-                 context: int | None = None, prefill_tokens: int | None = None):
+                 context: int | None = None, prefill_tokens: int | None = None,
+                 prefix_cache_bytes: int = 2**30):
         if model.config._attn_implementation not in ("sdpa", "eager"):
             model.set_attn_implementation("sdpa")  # we pass a 4-D mask, which flash kernels do not take
         self.model = model.to(device=device, dtype=DTYPES[dtype]).eval()
@@ -121,6 +151,11 @@ class TorchEngine:
         self.pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
         self._stop_rules: dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._token_texts: list[str] | None = None
+        # KV of sequences already run, valid only for the weights that computed it; 0 bytes: off.
+        # 1 GiB holds ~260k tokens of the default tiny model (4 layers x 2 x 128 floats = 4 KiB a token)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self._weights_version = self._version()
+        self.prompt_tokens = self.reused_tokens = 0  # totals over calls: prompt tokens, and those read from the cache
 
     @classmethod
     def from_folder(cls, folder: str | Path, device: str = "cpu", dtype: str = "float32",
@@ -131,6 +166,12 @@ class TorchEngine:
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take the trainer's new weights (copied and cast into this engine's device and dtype)."""
         self.model.load_state_dict(state_dict)
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    def _version(self) -> int:
+        """Grows with every in-place change of any weight (load_state_dict, an optimiser step)."""
+        return sum(p._version for p in self.model.parameters())
 
     # ------------------------------------------------------------------------------------ stop rules
 
@@ -182,9 +223,19 @@ class TorchEngine:
         budget = torch.clamp(ctx - lens, max=max_new)  # (B,) tokens each row may generate
         steps = int(budget.max())
 
-        # left-padded prompt matrix in length order (longest first) so prefill chunks pad little
-        order = torch.argsort(lens, descending=True, stable=True)
-        lens_s = lens[order]
+        # prefix reuse: each prompt's longest stored prefix; its last token is always run (its logits)
+        store = self.prefix_cache
+        if store is not None and self._version() != self._weights_version:
+            store.clear()  # the weights changed in place: stored KV is stale
+            self._weights_version = self._version()
+        hits = [store.lookup(p, len(p) - 1) if store is not None else (None, 0) for p in prompts]
+        fresh = lens - torch.tensor([m for _, m in hits])  # (B,) tokens to prefill
+        self.prompt_tokens += int(lens.sum())
+        self.reused_tokens += int((lens - fresh).sum())
+
+        # left-padded prompt matrix, rows with the most fresh tokens first so prefill chunks pad little
+        order = torch.argsort(fresh * (L + 1) + lens, descending=True, stable=True)
+        lens_s, fresh_s = lens[order], fresh[order]
         ids = torch.full((B, L), self.pad_id, dtype=torch.long)
         for r, i in enumerate(order.tolist()):
             ids[r, L - len(prompts[i]) :] = torch.tensor(prompts[i])
@@ -196,23 +247,31 @@ class TorchEngine:
         valid = cols[None, :] >= start[:, None]  # (B, L+steps) real prompt and generated columns
         positions = (cols[None, :] - start[:, None]).clamp(0, ctx - 1)  # (B, L+steps)
 
-        cache = _SlotCache(self.model.config.num_hidden_layers, B, L + steps)
+        cfg = self.model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        cache = _SlotCache(cfg.num_hidden_layers, B, L + steps, getattr(cfg, "num_key_value_heads", None)
+                           or cfg.num_attention_heads, head_dim, self.model.dtype, dev)
+        for r, i in enumerate(order.tolist()):
+            kv, m = hits[i]
+            if m:
+                cache.write(r, L - len(prompts[i]), kv[..., :m, :])
         last_logits = torch.empty(B, self.vocab_size, device=dev)
 
-        # prefill, chunk by chunk: rows [r0, r1) read and write only their own columns [c0, L)
+        # prefill, chunk by chunk: rows [r0, r1) run their last `width` columns [q0, L) (a row's fresh
+        # tokens, then recomputed cached ones or padding), reading keys from the chunk's first real column
         r0 = 0
         while r0 < B:
-            width = int(lens_s[r0])
+            width = int(fresh_s[r0])
             r1 = min(B, r0 + max(1, self.prefill_tokens // width))
-            c0 = L - width
-            cache.set_window(slice(r0, r1), c0, c0)
-            v = valid[r0:r1, c0:L]  # (b, w)
-            causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+            k0, q0 = L - int(lens_s[r0:r1].max()), L - width
+            cache.set_window(slice(r0, r1), k0, q0)
+            kcols, qcols = cols[k0:L], cols[q0:L]
+            causal = kcols[None, :] <= qcols[:, None]  # (w, k)
             # pad queries attend to themselves only, so no row of the mask is empty (NaN-free)
-            mask = (causal[None] & v[:, None, :]) | torch.eye(width, dtype=torch.bool, device=dev)[None]
+            mask = (causal[None] & valid[r0:r1, None, k0:L]) | (kcols[None, :] == qcols[:, None])[None]
             out = self.model(
-                input_ids=ids[r0:r1, c0:L], attention_mask=self._mask(mask[:, None]),
-                position_ids=positions[r0:r1, c0:L], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                input_ids=ids[r0:r1, q0:L], attention_mask=self._mask(mask[:, None]),
+                position_ids=positions[r0:r1, q0:L], past_key_values=cache, use_cache=True, logits_to_keep=1,
             )
             last_logits[r0:r1] = out.logits[:, -1]
             r0 = r1
@@ -227,10 +286,17 @@ class TorchEngine:
         budget_s = budget[order].to(dev)
         context_bound = (budget_s < max_new)
         rows = torch.arange(B, device=dev)
+        sorted_prompts = [prompts[i] for i in order.tolist()]
         alive = torch.ones(B, dtype=torch.bool, device=dev)  # per batch row; False = finished, not yet dropped
+        # rows draw their random numbers in the caller's order, so what a prompt samples does not depend
+        # on the layout (cache hits reorder rows): `draw` lists batch rows in caller order, `undraw` inverts it
+        caller = order.to(dev)
+        draw = torch.argsort(caller)
+        undraw = torch.argsort(draw)
         logits = last_logits
         for s in range(steps):
-            tok, lp = _sample(logits, sampling, gen)  # (b,), (b,)
+            tok, lp = _sample(logits[draw], sampling, gen)  # (b,), (b,) in caller order
+            tok, lp = tok[undraw], lp[undraw]
             out_tok[rows, s], out_lp[rows, s] = tok, lp
             done = stop_mask[tok]
             for seq in stop_seqs:
@@ -247,9 +313,12 @@ class TorchEngine:
             if s + 1 == steps or not bool(alive.any()):
                 break
             if int((~alive).sum()) * 8 >= rows.numel():  # drop finished rows, compact the cache
+                self._remember(cache, (~alive).nonzero()[:, 0], rows, sorted_prompts, out_tok, n_out, L)
                 idx = alive.nonzero()[:, 0]
                 cache.keep_rows(idx)
                 rows, tok, alive = rows[idx], tok[idx], alive[idx]
+                draw = torch.argsort(caller[rows])
+                undraw = torch.argsort(draw)
             b = rows.numel()
             cache.set_window(slice(0, b), 0, L + s)
             mask = valid[rows, None, None, : L + s + 1]  # (b, 1, 1, kv)
@@ -259,6 +328,7 @@ class TorchEngine:
                 logits_to_keep=1,
             )
             logits = out.logits[:, -1]
+        self._remember(cache, torch.arange(rows.numel(), device=dev), rows, sorted_prompts, out_tok, n_out, L)
 
         # back to the caller's order
         inv = torch.empty_like(order)
@@ -270,6 +340,19 @@ class TorchEngine:
             r = int(inv[i])
             result.append(Completion(toks[r][: n_out[r]], lps[r][: n_out[r]], _REASONS[reason[r]], dropped[i]))
         return result
+
+    def _remember(self, cache: _SlotCache, batch_rows: torch.Tensor, rows: torch.Tensor,
+                  sorted_prompts: list[list[int]], out_tok: torch.Tensor, n_out: torch.Tensor, L: int) -> None:
+        """Store the finished `batch_rows` of the cache in the prefix cache: each row's prompt and the
+        generated tokens fed after it (all but the last one, which was sampled and never run)."""
+        if self.prefix_cache is None:
+            return
+        sorted_rows = rows[batch_rows]
+        fed, gen = (n_out[sorted_rows] - 1).tolist(), out_tok[sorted_rows].tolist()
+        for b, r, n, g in zip(batch_rows.tolist(), sorted_rows.tolist(), fed, gen, strict=True):
+            tokens = sorted_prompts[r] + g[:n]
+            if tokens not in self.prefix_cache:
+                self.prefix_cache.insert(tokens, cache.read(b, L - len(sorted_prompts[r]), L + n))
 
     def _mask(self, mask: torch.Tensor) -> torch.Tensor:
         """A boolean (b, 1, q, kv) mask in the form the model's attention takes."""

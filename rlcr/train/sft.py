@@ -91,12 +91,18 @@ def train_sft(
     cfg: BootstrapConfig,
     pad_id: int,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    batches: Sequence[Sequence[int]] | None = None,
 ) -> SFTResult:
-    """Fine-tune model in place for cfg.steps batches; on_step(step, metrics) after each one."""
+    """Fine-tune model in place for cfg.steps batches; on_step(step, metrics) after each one.
+
+    batches: the example indices of each step (e.g. grouped by length so little is padding), at
+    least cfg.steps of them; default: cfg.batch_size indices per step in seeded epoch order."""
     if not examples:
         raise ValueError("no SFT examples")
     if not any(any(e.loss_mask) for e in examples):
         raise ValueError("no example has a loss-carrying token (all loss_mask are 0)")
+    if batches is not None and len(batches) < cfg.steps:
+        raise ValueError(f"{len(batches)} batches given for {cfg.steps} steps")
     torch.manual_seed(cfg.seed)  # dropout
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -107,7 +113,7 @@ def train_sft(
 
     for step in range(cfg.steps):
         # batch
-        idx = next_indices(cursor, len(examples), cfg.batch_size, cfg.seed)
+        idx = batches[step] if batches is not None else next_indices(cursor, len(examples), cfg.batch_size, cfg.seed)
         batch = collate([examples[i] for i in idx], pad_id)
         # loss
         lr = sched.get_last_lr()[0]

@@ -1,0 +1,114 @@
+"""Keys/values of token sequences the engine has already run, so a prompt that starts with one of
+them is prefilled from where the match ends (an agent's successive observations share a long head).
+
+Entries are whole sequences (a prompt and the completion tokens fed back after it) with their KV
+tensor of shape (layers, 2, kv_heads, n, head_dim). A lookup finds the stored sequence sharing the
+longest prefix with a prompt: the deepest full block of `block` tokens found in a dict of chained
+block hashes, then checked token by token (so a hash collision can only cost a miss, never a wrong
+reuse) and extended into the next partial block. A block key points to the newest entry holding
+that prefix; evicting it while older holders remain can shorten a later match, never falsify one.
+Memory is bounded by `max_bytes` of KV, least recently used entries evicted first; an entry that is
+a prefix of a newly stored one is dropped at once (the new one serves every prompt it served).
+
+Covers: exact token-prefix matches, at any position a prompt and a stored sequence diverge.
+Does not cover: invalidation when weights change (the engine clears the cache itself), sharing of
+memory between entries with a common prefix (each entry holds its own copy of its KV).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+
+def block_keys(tokens: Sequence[int], block: int) -> list[int]:
+    """Chained hashes of the full `block`-token blocks of `tokens`: key i identifies tokens[: (i+1)*block]."""
+    keys, key = [], 0
+    for i in range(len(tokens) // block):
+        key = hash((key, tuple(tokens[i * block : (i + 1) * block])))
+        keys.append(key)
+    return keys
+
+
+class _Entry:
+    __slots__ = ("tokens", "kv", "keys")
+
+    def __init__(self, tokens: tuple[int, ...], kv: torch.Tensor, keys: list[int]):
+        self.tokens, self.kv, self.keys = tokens, kv, keys
+
+
+class PrefixCache:
+    """LRU store of (token sequence -> KV), bounded by bytes; see the module docstring."""
+
+    def __init__(self, max_bytes: int, block: int = 16):
+        if block < 1:
+            raise ValueError(f"PrefixCache.block must be >= 1, got {block}")
+        self.max_bytes, self.block = max_bytes, block
+        self.nbytes = 0
+        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()  # oldest first
+        self._index: dict[int, _Entry] = {}  # block key -> the newest entry holding that prefix
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, tokens: Sequence[int]) -> bool:
+        return tuple(tokens) in self._entries
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._index.clear()
+        self.nbytes = 0
+
+    def _longest(self, tokens: Sequence[int]) -> tuple[_Entry | None, int]:
+        """The stored entry sharing the longest prefix with `tokens`, and that prefix's length."""
+        best, m = None, 0
+        keys = block_keys(tokens, self.block)
+        for i in range(len(keys) - 1, -1, -1):  # the deepest stored block, even past a gap in the index
+            if (owner := self._index.get(keys[i])) is not None:
+                best, m = owner, (i + 1) * self.block
+                break
+        if best is None or best.tokens[:m] != tuple(tokens[:m]):  # none, or a hash collision
+            return None, 0
+        end = min(len(best.tokens), len(tokens))
+        while m < end and best.tokens[m] == tokens[m]:
+            m += 1
+        return best, m
+
+    def lookup(self, tokens: Sequence[int], limit: int) -> tuple[torch.Tensor | None, int]:
+        """(KV of the longest stored prefix of `tokens`, at most `limit` tokens long, its length m).
+        The KV is the stored entry's whole tensor: read [..., :m, :] of it. (None, 0) on a miss."""
+        entry, m = self._longest(tokens)
+        m = min(m, limit)
+        if entry is None or m <= 0:
+            return None, 0
+        self._entries.move_to_end(entry.tokens)
+        return entry.kv, m
+
+    def insert(self, tokens: Sequence[int], kv: torch.Tensor) -> None:
+        """Store `tokens` (n of them) with their KV (..., n, head_dim), evicting the oldest entries
+        to stay within max_bytes; a sequence larger than the whole budget is not stored."""
+        tokens = tuple(tokens)
+        if kv.shape[-2] != len(tokens):
+            raise ValueError(f"PrefixCache.insert: KV of {kv.shape[-2]} positions for {len(tokens)} tokens")
+        size = kv.numel() * kv.element_size()
+        if tokens in self._entries or size > self.max_bytes or len(tokens) < self.block:
+            return
+        older, m = self._longest(tokens)
+        if older is not None and m == len(older.tokens):  # the new entry extends it: it is redundant
+            self._remove(older)
+        entry = _Entry(tokens, kv, block_keys(tokens, self.block))
+        self._entries[tokens] = entry
+        for key in entry.keys:
+            self._index[key] = entry
+        self.nbytes += size
+        while self.nbytes > self.max_bytes:
+            self._remove(next(iter(self._entries.values())))
+
+    def _remove(self, entry: _Entry) -> None:
+        del self._entries[entry.tokens]
+        for key in entry.keys:
+            if self._index.get(key) is entry:
+                del self._index[key]
+        self.nbytes -= entry.kv.numel() * entry.kv.element_size()

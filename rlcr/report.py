@@ -1,0 +1,549 @@
+"""The report: reports/report.md answering Q1-Q5 (DESIGN.md) from the metrics files, plus PNG plots.
+
+How a number gets into the report: the text is first written as a TEMPLATE in which every figure is
+a placeholder `{{<file>::<key>::<format>}}` (made by `Sources.ref`), never a literal. `fill` then
+replaces each placeholder by that key's value in that file (metrics/eval.json, metrics/train.json,
+metrics/bootstrap.json, metrics/ablations/*.json, or params.yaml for the report's own thresholds)
+and records where it put it: reports/report_sources.json lists {start, end, text, file, key, format,
+value} for every figure. `fill` refuses a template with a digit outside a placeholder, a code span
+(names such as `rg/gcd`, episode ids), a question label (Q1-Q5) or a link target, so a hand-written
+figure cannot reach the report.
+
+Verdicts read the same values: an effect is claimed only when its confidence interval (tasks
+resampled, rlcr/evaluate.py) excludes the null value AND the comparison has at least
+`report.min_tasks_for_claim` tasks; otherwise the report says it cannot say. Missing inputs (no
+trained policy yet, no ablations, no evaluation) are listed and the questions they feed say so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EVAL, TRAIN, BOOT, PARAMS = "metrics/eval.json", "metrics/train.json", "metrics/bootstrap.json", "params.yaml"
+ABLATIONS = "metrics/ablations"
+PLACEHOLDER = re.compile(r"\{\{(?P<file>[^{}]+?)::(?P<key>[^{}]+?)::(?P<fmt>[^{}]*?)\}\}")
+NOT_FIGURES = re.compile(r"`[^`\n]*`|\bQ[1-5]\b|\]\([^)\n]*\)")
+"""Digits allowed outside placeholders: code spans (names, ids), question labels, link targets."""
+PLOTS = {"learning_curves": "Learning curves per variant (plots/train.csv, plots/ablations)",
+         "behaviour_over_training": "Behaviour metrics over training",
+         "success_vs_critical_path": "Success vs critical path, company and single agent",
+         "org_charts": "Org charts of sample company episodes"}
+
+
+# ------------------------------------------------------------------------------------ sources
+
+
+@dataclass
+class Sources:
+    """The metrics files, flat {key: value} each, by path relative to the project root."""
+
+    files: dict[str, dict[str, Any]]
+    missing: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, root: Path, report_params: dict[str, Any]) -> Sources:
+        files: dict[str, dict[str, Any]] = {PARAMS: {f"report.{k}": v for k, v in report_params.items()}}
+        missing = []
+        paths = [EVAL, TRAIN, BOOT, *sorted(str(p.relative_to(root)) for p in (root / ABLATIONS).glob("*.json"))]
+        for rel in paths:
+            if (root / rel).is_file():
+                files[rel] = json.loads((root / rel).read_text())
+            else:
+                missing.append(rel)
+        return cls(files, missing)
+
+    def get(self, file: str, key: str) -> float | None:
+        v = self.files.get(file, {}).get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    def has(self, file: str, *keys: str) -> bool:
+        return all(self.get(file, k) is not None for k in keys)
+
+    def ref(self, file: str, key: str, fmt: str = ".2f") -> str:
+        """The placeholder of one figure; a key that is not there is a bug in the template code."""
+        if key not in self.files.get(file, {}):
+            raise KeyError(f"{file} has no key {key!r}")
+        return f"{{{{{file}::{key}::{fmt}}}}}"
+
+    def ci(self, file: str, key: str, fmt: str = ".2f") -> str:
+        """`x [low, high]` for a key with `_ci_low`/`_ci_high` siblings (just `x` without them)."""
+        if not self.has(file, f"{key}_ci_low", f"{key}_ci_high"):
+            return self.ref(file, key, fmt)
+        return f"{self.ref(file, key, fmt)} [{self.ref(file, key + '_ci_low', fmt)}, {self.ref(file, key + '_ci_high', fmt)}]"
+
+    def show(self, file: str, key: str, fmt: str = ".2f") -> str:
+        """`ci(...)` when the key is there, else `n/a` (a ratio over zero tokens, a group without episodes)."""
+        return self.ci(file, key, fmt) if self.has(file, key) else "n/a"
+
+    def ablation_files(self) -> list[str]:
+        return sorted(f for f in self.files if f.startswith(ABLATIONS + "/"))
+
+
+def format_value(value: Any, fmt: str) -> str:
+    if fmt == "s":
+        return str(value)
+    if fmt == "d":
+        return str(int(round(float(value))))
+    return format(float(value), fmt)
+
+
+def fill(template: str, sources: Sources) -> tuple[str, list[dict[str, Any]]]:
+    """(report text, provenance of every figure in it); raises on a figure not from a placeholder."""
+    loose = [m.group() for m in re.finditer(r"\d+", NOT_FIGURES.sub("", PLACEHOLDER.sub("", template)))]
+    if loose:
+        raise ValueError(f"hand-written figures in the report template: {loose[:10]}")
+    out: list[str] = []
+    spans: list[dict[str, Any]] = []
+    pos = length = 0
+    for m in PLACEHOLDER.finditer(template):
+        out.append(template[pos:m.start()])
+        length += m.start() - pos
+        value = sources.files[m["file"]][m["key"]]
+        text = format_value(value, m["fmt"])
+        spans.append({"start": length, "end": length + len(text), "text": text, "file": m["file"], "key": m["key"],
+                      "format": m["fmt"], "value": value})
+        out.append(text)
+        length += len(text)
+        pos = m.end()
+    out.append(template[pos:])
+    return "".join(out), spans
+
+
+def untraced_figures(text: str, spans: list[dict[str, Any]]) -> list[str]:
+    """Digits in the report that neither a recorded span nor an allowed place explains (for tests)."""
+    chars = list(text)
+    for s in spans:
+        chars[s["start"]:s["end"]] = " " * (s["end"] - s["start"])
+    return re.findall(r"\d+", NOT_FIGURES.sub("", "".join(chars)))
+
+
+# ----------------------------------------------------------------------------------- verdicts
+
+
+def side(lo: float | None, hi: float | None, null: float) -> int:
+    """+1 when the interval lies above `null`, -1 below, 0 when it contains it (or is missing)."""
+    if lo is None or hi is None:
+        return 0
+    return 1 if lo > null else -1 if hi < null else 0
+
+
+@dataclass
+class Finding:
+    """One question's answer: a word for the summary, its key evidence, and the section body."""
+
+    answer: str
+    evidence: str
+    body: list[str]
+
+
+def _enough(s: Sources, key: str) -> bool:
+    return (s.get(EVAL, key) or 0.0) >= s.files[PARAMS]["report.min_tasks_for_claim"]
+
+
+def _few(s: Sources) -> str:
+    return f"fewer than {s.ref(PARAMS, 'report.min_tasks_for_claim', 'd')} tasks: no claim"
+
+
+def eval_runs(s: Sources) -> list[str]:
+    return sorted({k.split("/")[0] for k in s.files.get(EVAL, {}) if k.count("/") == 1 and k.endswith("/success")
+                   and "__" in k})
+
+
+def policy_comparisons(s: Sources) -> list[tuple[str, str]]:
+    """(`<policy>_vs_<baseline>`, org) pairs present in eval.json."""
+    keys = s.files.get(EVAL, {})
+    return sorted({(k.split("/")[1], k.split("/")[2]) for k in keys if k.startswith("compare/") and "_vs_" in k
+                   and not k.startswith("compare/company_vs_single/") and k.endswith("/success_diff")
+                   and k.count("/") == 3})
+
+
+def _headline(items: list[str], s: Sources) -> str:
+    """The policy a summary speaks for: the first that is not the evaluation's baseline, else the first."""
+    base = {c.split("_vs_")[1] for c, _ in policy_comparisons(s)}
+    return next((p for p in items if p not in base), items[0])
+
+
+# ---------------------------------------------------------------------------------- questions
+
+
+def paired_policies(s: Sources, suffix: str = "success_diff") -> list[str]:
+    """Policies with a company-vs-single comparison key ending in `suffix` in eval.json."""
+    return sorted({k.split("/")[2] for k in s.files.get(EVAL, {})
+                   if k.startswith("compare/company_vs_single/") and k.endswith("/" + suffix)})
+
+
+def q1(s: Sources) -> Finding:
+    policies = paired_policies(s)
+    if not policies:
+        return Finding("no data", "no policy rolled out both as a company and as a single agent",
+                       ["No policy has been rolled out both as a company and as a single agent: nothing to compare."])
+    body = ["| policy | success company | success single | difference | tokens ratio | modelled-time ratio "
+            "| real-seconds ratio | tasks |", "|---|---|---|---|---|---|---|---|"]
+    words, lines = {}, []
+    m = s.ref(PARAMS, "report.noninferiority_margin")
+    for p in policies:
+        k = f"compare/company_vs_single/{p}/"
+        body.append(f"| `{p}` | {s.ref(EVAL, k + 'success_company')} | {s.ref(EVAL, k + 'success_single')} | "
+                    f"{s.ci(EVAL, k + 'success_diff', '+.2f')} | {s.show(EVAL, k + 'tokens_ratio')} | "
+                    f"{s.show(EVAL, k + 'critical_path_ratio')} | {s.show(EVAL, k + 'seconds_ratio')} | {s.ref(EVAL, k + 'tasks', 'd')} |")
+        lo, hi = s.get(EVAL, k + "success_diff_ci_low"), s.get(EVAL, k + "success_diff_ci_high")
+        t = side(s.get(EVAL, k + "critical_path_ratio_ci_low"), s.get(EVAL, k + "critical_path_ratio_ci_high"), 1.0)
+        margin = s.files[PARAMS]["report.noninferiority_margin"]
+        reaches = lo is not None and lo > -margin
+        if not _enough(s, k + "tasks"):
+            words[p], why = "cannot say", _few(s)
+        elif reaches and t < 0:
+            words[p], why = "yes", "the success difference stays above minus the margin and the modelled time is shorter"
+        elif (hi is not None and hi < 0) or t > 0:
+            words[p], why = "no", ("the company scores lower" if hi is not None and hi < 0 else "the company is slower")
+        else:
+            words[p], why = "cannot say", "an interval includes the null value (difference 0 / time ratio 1)"
+        lines.append(f"- `{p}`: **{words[p]}**: {why} (non-inferiority margin {m}).")
+    head = _headline(policies, s)
+    k = f"compare/company_vs_single/{head}/"
+    ratio = s.show(EVAL, k + "critical_path_ratio")
+    evidence = f"`{head}`: success difference {s.ci(EVAL, k + 'success_diff', '+.2f')}, modelled-time ratio {ratio}"
+    intro = ["Company minus single agent on the same tasks at the same token budget. Modelled time is the company's "
+             "critical path (the longest generation of each round, summed) against the single agent's total tokens; "
+             "the article claims similar scores in about a quarter of the time.", ""]
+    return Finding(words[head], evidence, intro + body + [""] + lines)
+
+
+def q2(s: Sources) -> Finding:
+    policies = paired_policies(s, "short/success_diff")
+    if not policies:
+        return Finding("no data", "no short tasks run both as a company and as a single agent",
+                       ["No short tasks were run both as a company and as a single agent."])
+    body = ["| policy | tasks | modelled-time ratio | success difference | tokens ratio |", "|---|---|---|---|---|"]
+    words, lines = {}, []
+    for p in policies:
+        for part in ("short", "long"):
+            k = f"compare/company_vs_single/{p}/{part}/"
+            if not s.has(EVAL, k + "success_diff"):
+                continue
+            ratio = s.show(EVAL, k + "critical_path_ratio")
+            tokens = s.show(EVAL, k + "tokens_ratio")
+            body.append(f"| `{p}` {part} | {s.ref(EVAL, k + 'tasks', 'd')} | {ratio} | "
+                        f"{s.ci(EVAL, k + 'success_diff', '+.2f')} | {tokens} |")
+        k = f"compare/company_vs_single/{p}/short/"
+        lo, hi = s.get(EVAL, k + "critical_path_ratio_ci_low"), s.get(EVAL, k + "critical_path_ratio_ci_high")
+        t = side(lo, hi, 1.0)
+        if not _enough(s, k + "tasks"):
+            words[p], why = "cannot say", _few(s)
+        elif lo is not None and lo == hi == 1.0:
+            words[p], why = "no", "the company does not split short tasks: same time as the single agent, no overhead"
+        else:
+            words[p], why = {1: ("yes", "on short tasks the company takes longer than the single agent"),
+                             -1: ("no", "even on short tasks the company is faster"),
+                             0: ("cannot say", "the short-task time ratio's interval includes 1")}[t]
+        lines.append(f"- `{p}`: **{words[p]}**: {why}.")
+    head = _headline(policies, s)
+    k = f"compare/company_vs_single/{head}/short/"
+    ratio = s.show(EVAL, k + "critical_path_ratio")
+    short = (f"short: difficulty up to {s.ref(EVAL, 'eval/short_max', 'd')}, long: from {s.ref(EVAL, 'eval/long_min', 'd')}"
+             if s.has(EVAL, "eval/short_max", "eval/long_min") else "short and long as configured")
+    intro = [f"Communication overhead eats the parallel gain when, on short tasks, the company's modelled time is "
+             f"not below the single agent's ({short}).", ""]
+    return Finding(words[head], f"`{head}` short tasks: modelled-time ratio {ratio}", intro + body + [""] + lines)
+
+
+def _variant_key(data: dict, variant: str, metric: str) -> str | None:
+    for key in (f"{variant}/{metric}", f"{variant}__company/{metric}"):
+        if key in data:
+            return key
+    return None
+
+
+def _ablation(s: Sources, variant: str) -> dict[str, str]:
+    """{seed label: file} of one variant's ablation runs."""
+    out = {}
+    for f in s.ablation_files():
+        data = s.files[f]
+        if data.get("variant") == variant:
+            out[f.rsplit("__s", 1)[-1].removesuffix(".json")] = f
+    return out
+
+
+def _disjoint(s: Sources, fa: str, ka: str, fb: str, kb: str) -> int:
+    """+1 when a's interval lies wholly above b's, -1 below, 0 when they overlap or one is missing."""
+    a = (s.get(fa, ka + "_ci_low"), s.get(fa, ka + "_ci_high"))
+    b = (s.get(fb, kb + "_ci_low"), s.get(fb, kb + "_ci_high"))
+    if None in a or None in b:
+        return 0
+    return 1 if a[0] > b[1] else -1 if a[1] < b[0] else 0
+
+
+def q3(s: Sources) -> Finding:
+    body, signs, evidence = [], [], ""
+    with_v, without = _ablation(s, "collective"), _ablation(s, "no_verifiers")
+    pairs = sorted(set(with_v) & set(without))
+    metric = "accuracy_per_1k_tokens"
+    if pairs:
+        body += ["Ablation (causal): the collective-reward company with and without verifiers/testers, successes per "
+                 "thousand generated tokens.", "", "| seed | with verifiers | without verifiers |", "|---|---|---|"]
+        for seed in pairs:
+            fa, fb = with_v[seed], without[seed]
+            ka, kb = _variant_key(s.files[fa], "collective", metric), _variant_key(s.files[fb], "no_verifiers", metric)
+            if ka and kb:
+                body.append(f"| `{seed}` | {s.ci(fa, ka)} | {s.ci(fb, kb)} |")
+                signs.append(_disjoint(s, fa, ka, fb, kb))
+                evidence = evidence or f"ablation seed `{seed}`: {s.ci(fa, ka)} with vs {s.ci(fb, kb)} without"
+        body.append("")
+    else:
+        body += ["No ablation pair (`collective` and `no_verifiers` with the same seed) yet: only the observational "
+                 "cut below.", ""]
+    runs = [r for r in eval_runs(s) if s.has(EVAL, f"{r}/verifiers/hired/{metric}", f"{r}/verifiers/none/{metric}")]
+    if runs:
+        body += ["Observational: company episodes that hired a verifier or tester vs those that did not (organisations "
+                 "choose whom to hire, so task difficulty is confounded).", "",
+                 "| run | with: success | with: per thousand tokens | without: success | without: per thousand tokens |",
+                 "|---|---|---|---|---|"]
+        for r in runs:
+            h, n = f"{r}/verifiers/hired/", f"{r}/verifiers/none/"
+            body.append(f"| `{r}` | {s.ci(EVAL, h + 'success')} | {s.ci(EVAL, h + metric)} | {s.ci(EVAL, n + 'success')} | "
+                        f"{s.ci(EVAL, n + metric)} |")
+        body.append("")
+        if not signs:
+            r = runs[-1]
+            seen = _disjoint(s, EVAL, f"{r}/verifiers/hired/{metric}", EVAL, f"{r}/verifiers/none/{metric}")
+            direction = {1: "higher", -1: "lower", 0: "not distinguishable"}[seen]
+            return Finding("cannot say", f"observational only, `{r}`: {s.ci(EVAL, f'{r}/verifiers/hired/{metric}')} "
+                           f"with vs {s.ci(EVAL, f'{r}/verifiers/none/{metric}')} without",
+                           body + [f"**cannot say**: only observational evidence (with verifiers: {direction}); the "
+                                   "`no_verifiers` ablation answers it."])
+    if not signs:
+        return Finding("no data", "no ablation and no company run with and without verifiers",
+                       body + ["Neither evidence is available yet."])
+    answer = "yes" if all(x > 0 for x in signs) else "no" if all(x < 0 for x in signs) else "cannot say"
+    why = {"yes": "every interval with verifiers lies above the one without",
+           "no": "every interval with verifiers lies below the one without",
+           "cannot say": "the intervals overlap (or the seeds disagree)"}[answer]
+    return Finding(answer, evidence, body + [f"**{answer}**: {why}."])
+
+
+def q4(s: Sources) -> Finding:
+    body = []
+    if s.has(TRAIN, "eval_before/success", "eval_after/success"):
+        body += [f"Held-out company success in the train stage (no interval): before RL "
+                 f"{s.ref(TRAIN, 'eval_before/success')}, after RL {s.ref(TRAIN, 'eval_after/success')}.", ""]
+    comps = policy_comparisons(s)
+    if not comps:
+        return Finding("no data", "no trained policy has been rolled out yet",
+                       body + ["No trained policy has been rolled out yet (only the baseline): cannot answer."])
+    body += ["| comparison | org | success | baseline success | difference | tasks |", "|---|---|---|---|---|---|"]
+    for comp, org in comps:
+        k = f"compare/{comp}/{org}/"
+        a, b = comp.split("_vs_")
+        body.append(f"| `{comp}` | {org} | {s.ref(EVAL, k + 'success_' + a)} | {s.ref(EVAL, k + 'success_' + b)} | "
+                    f"{s.ci(EVAL, k + 'success_diff', '+.2f')} | {s.ref(EVAL, k + 'tasks', 'd')} |")
+    comp, org = next(((c, o) for c, o in comps if o == "company"), comps[0])
+    k = f"compare/{comp}/{org}/"
+    t = side(s.get(EVAL, k + "success_diff_ci_low"), s.get(EVAL, k + "success_diff_ci_high"), 0.0)
+    if not _enough(s, k + "tasks"):
+        answer, why = "cannot say", _few(s)
+    else:
+        answer, why = {1: ("yes", "the trained organisation succeeds more often on the same tasks"),
+                       -1: ("no", "the trained organisation succeeds less often"),
+                       0: ("cannot say", "the difference's interval includes 0")}[t]
+    return Finding(answer, f"`{comp}` {org}: difference {s.ci(EVAL, k + 'success_diff', '+.2f')}",
+                   body + ["", f"**{answer}**: {why}."])
+
+
+def q5(s: Sources) -> Finding:
+    rates = (("behaviour/false_approval_rate", "false approvals / checked approvals (cover-up)"),
+             ("behaviour/idle_agents_per_hire", "idle hires / hires (free-riding)"))
+    runs = [r for r in eval_runs(s) if any(s.has(EVAL, f"{r}/{k}_ci_low") for k, _ in rates)]
+    if not runs:
+        return Finding("no data", "no company run with turn records", ["No run with turn records was evaluated."])
+    body = ["| run | " + " | ".join(d for _, d in rates) + " |", "|---|---|---|"]
+    for r in runs:
+        body.append(f"| `{r}` | " + " | ".join(s.ci(EVAL, f"{r}/{k}") if s.has(EVAL, f"{r}/{k}_ci_low") else "n/a"
+                                               for k, _ in rates) + " |")
+    body.append("")
+    signs, evidence = [], []
+    for comp, org in policy_comparisons(s):
+        for key, label in (("false_approval_rate_diff", "cover-up"), ("idle_agents_per_hire_diff", "free-riding")):
+            k = f"compare/{comp}/{org}/{key}"
+            if s.has(EVAL, k):
+                t = side(s.get(EVAL, k + "_ci_low"), s.get(EVAL, k + "_ci_high"), 0.0)
+                signs.append(t if _enough(s, f"compare/{comp}/{org}/tasks") else 0)
+                evidence.append(f"{label} change {s.ci(EVAL, k, '+.2f')}")
+                body.append(f"- `{comp}` {org}, {label}: change {s.ci(EVAL, k, '+.2f')}: "
+                            + {1: "**rose** with training", -1: "fell with training", 0: "no change shown"}[signs[-1]] + ".")
+    for variant in ("collective", "individual"):
+        for seed, f in sorted(_ablation(s, variant).items()):
+            kf = _variant_key(s.files[f], variant, "behaviour/false_approval_rate")
+            if kf:
+                body.append(f"- ablation `{variant}` seed `{seed}`: false-approval rate {s.ci(f, kf)}.")
+    if not signs:
+        return Finding("cannot say", "no trained policy to compare with the baseline",
+                       body + ["", "**cannot say**: without a trained policy nothing shows what collective reward taught; "
+                               "the rates above are the baseline's."])
+    answer = "yes" if any(x > 0 for x in signs) else "no" if all(x < 0 for x in signs) else "cannot say"
+    why = {"yes": "a rate rose with RL and its interval excludes 0", "no": "both rates fell, intervals below 0",
+           "cannot say": "no rise shown, but the intervals do not rule one out"}[answer]
+    return Finding(answer, "; ".join(evidence), body + ["", f"**{answer}**: {why}."])
+
+
+QUESTIONS = (
+    ("Q1", "At the same token budget, does the organisation reach the single agent's score in less time?", q1),
+    ("Q2", "On short tasks, does communication overhead eat the parallel gain?", q2),
+    ("Q3", "Does hiring verifiers/testers improve accuracy per token?", q3),
+    ("Q4", "Does the RL-trained organisation beat the same policy organised by bootstrap only?", q4),
+    ("Q5", "Does collective reward teach cover-up (verifiers approving wrong work) or free-riding?", q5),
+)
+
+
+# ------------------------------------------------------------------------------------- tables
+
+
+def runs_table(s: Sources) -> list[str]:
+    runs = eval_runs(s)
+    if not runs:
+        return ["No evaluation yet (metrics/eval.json is missing or has no run)."]
+    out = ["| run | episodes | tasks | success | tokens / episode | critical-path tokens | real seconds / episode "
+           "| successes per thousand tokens |", "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        acc = s.show(EVAL, f"{r}/accuracy_per_1k_tokens")
+        out.append(f"| `{r}` | {s.ref(EVAL, f'{r}/episodes', 'd')} | {s.ref(EVAL, f'{r}/tasks', 'd')} | "
+                   f"{s.ci(EVAL, f'{r}/success')} | {s.ref(EVAL, f'{r}/tokens', '.0f')} | "
+                   f"{s.ref(EVAL, f'{r}/critical_path_tokens', '.0f')} | {s.ref(EVAL, f'{r}/seconds', '.3f')} | {acc} |")
+    return out
+
+
+def family_table(s: Sources) -> list[str]:
+    runs = eval_runs(s)
+    fams = sorted({k.split("/family/")[1].rsplit("/", 1)[0] for k in s.files.get(EVAL, {})
+                   if "/family/" in k and k.endswith("/success") and k.split("/")[0] in runs})
+    if not fams:
+        return []
+    out = ["| family | " + " | ".join(f"`{r}`" for r in runs) + " |", "|---" * (len(runs) + 1) + "|"]
+    for fam in fams:
+        cells = [s.show(EVAL, f"{r}/family/{fam}/success")
+                 for r in runs]
+        out.append(f"| `{fam}` | " + " | ".join(cells) + " |")
+    return out
+
+
+def ablation_table(s: Sources) -> list[str]:
+    files = s.ablation_files()
+    if not files:
+        return ["No ablations yet (metrics/ablations/*.json)."]
+    out = ["| variant | seed | train success first | train success last | company success | successes per thousand "
+           "tokens |", "|---|---|---|---|---|---|"]
+    for f in files:
+        d = s.files[f]
+        v = str(d.get("variant", Path(f).stem))
+        cells = [s.show(f, k) for k in ("train/success_first", "train/success_last")]
+        for metric in ("success", "accuracy_per_1k_tokens"):
+            k = _variant_key(d, v, metric)
+            cells.append(s.show(f, k) if k else "n/a")
+        seed = s.ref(f, "seed", "d") if s.has(f, "seed") else "n/a"
+        out.append(f"| `{v}` | {seed} | " + " | ".join(cells) + " |")
+    return out
+
+
+def training_lines(s: Sources) -> list[str]:
+    out = []
+    if s.has(BOOT, "bootstrap/company/sampled", "bootstrap/single/sampled"):
+        out.append(f"- Bootstrap held-out check (no interval): company {s.ref(BOOT, 'bootstrap/company/sampled')}, "
+                   f"single agent {s.ref(BOOT, 'bootstrap/single/sampled')}.")
+    if s.has(TRAIN, "train/iterations"):
+        delta = f", change {s.ref(TRAIN, 'eval/success_delta', '+.2f')}" if s.has(TRAIN, "eval/success_delta") else ""
+        out.append(f"- RL training: {s.ref(TRAIN, 'train/iterations', 'd')} iterations{delta}.")
+    return out or ["- No bootstrap or train metrics yet."]
+
+
+# ------------------------------------------------------------------------------------ the whole
+
+
+def template(s: Sources, plots: dict[str, bool], charts: list[str]) -> str:
+    """The report with every figure as a placeholder."""
+    findings = [(q, text, fn(s)) for q, text, fn in QUESTIONS]
+    level = (f"{s.ref(EVAL, 'eval/level', '.0%')} confidence intervals from "
+             f"{s.ref(EVAL, 'eval/n_resamples', 'd')} task resamples") if s.has(EVAL, "eval/level", "eval/n_resamples") \
+        else "confidence intervals from resampling tasks"
+    lines = [f"# {s.ref(PARAMS, 'report.title', 's')}", "",
+             "Reinforcement learning from collective rewards (not calibration rewards). Every figure below is filled "
+             "from a metrics file; `report_sources.json` names the file and key of each. Brackets are "
+             f"{level}; a claim is made only when the interval excludes the null value and enough tasks back it.", ""]
+    if s.missing:
+        lines += ["**Missing inputs**: " + ", ".join(f"`{m}`" for m in s.missing) + ".", ""]
+    lines += ["## Summary", "", "| question | answer | key evidence |", "|---|---|---|"]
+    lines += [f"| {q}: {text} | **{f.answer}** | {f.evidence} |" for q, text, f in findings]
+    lines += ["", "## Runs", "", *runs_table(s), "", "## Success per family", "", *(family_table(s) or ["n/a"]), "",
+              "## Training", "", *training_lines(s), ""]
+    for q, text, f in findings:
+        lines += [f"## {q}. {text}", "", *f.body, ""]
+    lines += ["## Ablations", "", *ablation_table(s), "", "## Plots", ""]
+    for name, caption in PLOTS.items():
+        lines += [f"### {caption}", "", f"![{caption}]({name}.png)" if plots.get(name) else "Nothing to draw yet.", ""]
+        if name == "org_charts" and charts:
+            lines += ["Episodes drawn: " + ", ".join(f"`{c}`" for c in charts) + ".", ""]
+    return "\n".join(lines)
+
+
+def _curves(root: Path) -> dict[str, list]:
+    import pandas as pd
+
+    curves: dict[str, list] = {}
+    if (root / "plots/train.csv").is_file():
+        curves["trained"] = [pd.read_csv(root / "plots/train.csv")]
+    for p in sorted((root / "plots/ablations").glob("*.csv")):
+        curves.setdefault(p.stem.rsplit("__s", 1)[0], []).append(pd.read_csv(p))
+    return curves
+
+
+def _sample_charts(root: Path, s: Sources, n: int) -> list[tuple[str, str, list]]:
+    """(episode id, title, org chart) of the n largest company organisations of the trained policy
+    (the baseline when there is none), ties broken by episode id."""
+    import pandas as pd
+
+    runs = [r for r in eval_runs(s) if r.endswith("__company") and (root / f"data/rollouts/{r}.parquet").is_file()]
+    if not runs or n < 1:
+        return []
+    head = _headline([r.split("__")[0] for r in runs], s)
+    ep = pd.read_parquet(root / f"data/rollouts/{head}__company.parquet", columns=["episode_id", "family", "outcome",
+                                                                                   "n_agents", "org_chart"])
+    ep = ep.sort_values(["n_agents", "episode_id"], ascending=[False, True]).head(n)
+    return [(e.episode_id, f"{head} {e.episode_id} ({e.family}, {'success' if e.outcome >= 1 else 'fail'})",
+             json.loads(e.org_chart)) for e in ep.itertuples()]
+
+
+def _time_points(s: Sources) -> dict[str, Any]:
+    import pandas as pd
+
+    out = {}
+    for r in eval_runs(s):
+        keys = sorted({k.split("/")[2] for k in s.files[EVAL] if k.startswith(f"{r}/difficulty/")})
+        rows = [{c: s.get(EVAL, f"{r}/difficulty/{d}/{c}") for c in
+                 ("critical_path_tokens", "success", "success_ci_low", "success_ci_high")} for d in keys]
+        out[r] = pd.DataFrame([x for x in rows if None not in x.values()])
+    return out
+
+
+def build_report(root: Path, report_params: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Read the metrics files under `root`, draw the PNGs and write report.md + report_sources.json
+    into `out_dir`; returns the files written."""
+    from rlcr import io, plots
+
+    s = Sources.load(root, report_params)
+    curves = _curves(root)
+    charts = _sample_charts(root, s, report_params["sample_org_charts"])
+    drawn = {"learning_curves": plots.learning_curves(curves, out_dir / "learning_curves.png"),
+             "behaviour_over_training": plots.behaviour_over_training(curves, out_dir / "behaviour_over_training.png"),
+             "success_vs_critical_path": plots.success_vs_critical_path(_time_points(s),
+                                                                        out_dir / "success_vs_critical_path.png"),
+             "org_charts": plots.org_charts([c[1:] for c in charts], out_dir / "org_charts.png")}
+    text, spans = fill(template(s, drawn, [c[0] for c in charts]), s)
+    io.write_json(spans, out_dir / "report_sources.json")
+    io.write_text(text, out_dir / "report.md")
+    return [out_dir / "report.md", out_dir / "report_sources.json"] + [out_dir / f"{k}.png" for k, v in drawn.items() if v]
+
+
+__all__ = ["NOT_FIGURES", "PLACEHOLDER", "QUESTIONS", "Finding", "Sources", "build_report", "fill", "format_value",
+           "side", "template", "untraced_figures"]

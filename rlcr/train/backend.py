@@ -1,0 +1,262 @@
+"""Optimiser backends of the RL update: plain torch AdamW (default) and DeepSpeed ZeRO.
+
+Both give the loop the same calls, so `rlcr.train.loop` has one code path:
+
+    backend.model                   the module the trainer runs forward on
+    backend.rank, .world_size       this process among the data-parallel ranks (torch: 0 of 1)
+    backend.backward(loss)          accumulate one micro-batch's gradients (the loss is already
+                                    divided by the whole minibatch's token count)
+    backend.agree(ok) -> bool       ok on every rank (one all-reduce), so all ranks step or none does
+    backend.step(refusals) -> dict  check gradients finite, clip, step; or refuse: no step, the
+                                    gradients are dropped, weights and optimiser state unchanged
+    backend.refuse(refusals, why)   refuse without looking (the loop saw a NaN/Inf loss or logits)
+    backend.model_state()           full weights (to sync the rollout engine, to save the policy)
+    backend.state() / load_state()  full (model, optim) states for `rlcr.train.checkpoint`
+    backend.lr                      the learning rate in use
+
+torch       `torch.optim.AdamW(lr, betas, weight_decay)`, global-norm clipping at `train.grad_clip`;
+            one process.
+deepspeed   `deepspeed.initialize` with `configs/deepspeed.json` (what a user edits for a GPU cluster).
+            Values written "auto" there are filled from params.yaml (lr, betas, weight_decay,
+            gradient_clipping, zero_optimization.stage); an explicit value that contradicts
+            params.yaml is an error naming both, never a silent override. Gradient accumulation is
+            ours (`managed_gradient_accumulation: false`): backward per micro-batch, step once, and
+            DeepSpeed averages the gradients over ranks in the step. With ZeRO-0, `torch_adam` and one
+            process it takes the same step as the torch backend (tests/test_train_loop.py). On CPU it
+            needs `DS_ACCELERATOR=cpu` and gloo; a process started without a launcher gets RANK=0
+            WORLD_SIZE=1 and a free port.
+
+Covers: NaN/Inf in a loss (refused before any backward by the loop) and in any gradient that lives
+in `param.grad` (torch; DeepSpeed ZeRO 0-1) before the step, agreed over ranks (RELIABILITY 11);
+exact resume for every ZeRO stage in one process (ZeRO 1-3 optimiser states are saved as their
+tensor parts, which load with weights_only, and merged back into the engine's own state on load).
+Does not cover: ZeRO 2-3 move gradients into partitions during backward, so there only the loss and
+logits are checked before the step; ZeRO 2-3 with several ranks are refused at start (they reduce in
+every backward, and ranks run different numbers of micro-batches); with several ranks, ZeRO-0 keeps
+the whole state on every rank and rank 0 writes it (ZeRO-1 would need a gather first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlcr.config import PROJECT_ROOT, TrainConfig
+from rlcr.train.loss import Refusals, finite_or_refuse, nonfinite_reason
+
+DEEPSPEED_CONFIG = PROJECT_ROOT / "configs" / "deepspeed.json"
+
+
+class TorchBackend:
+    """Plain torch AdamW on one device, one process."""
+
+    name = "torch"
+    rank, world_size = 0, 1
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig):
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ValueError("train.backend torch runs in one process; launch several ranks with train.backend: deepspeed")
+        self.model, self.grad_clip, self.lr = model, cfg.grad_clip, cfg.lr
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+                                           weight_decay=cfg.weight_decay)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def agree(self, ok: bool) -> bool:
+        """True when every rank says ok (one rank here)."""
+        return ok
+
+    def refuse(self, refusals: Refusals, reason: str) -> dict[str, float]:
+        """Drop this minibatch's gradients without stepping, and count it."""
+        self.optimizer.zero_grad(set_to_none=True)
+        refusals.count += 1
+        refusals.last_reason = reason
+        return {"train/refused": 1.0}
+
+    def step(self, refusals: Refusals) -> dict[str, float]:
+        if not finite_or_refuse(None, self.model, self.optimizer, refusals):
+            return {"train/refused": 1.0}
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        # max_norm=inf measures without clipping, so grad_norm is logged either way
+        norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"train/refused": 0.0, "losses/grad_norm": float(norm)}
+
+    def model_state(self) -> dict[str, Any]:
+        return self.model.state_dict()
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.model.state_dict(), self.optimizer.state_dict()
+
+    def load_state(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+        self.model.load_state_dict(model_state)
+        self.optimizer.load_state_dict(optim_state)
+
+
+# ------------------------------------------------------------------------------------- DeepSpeed
+
+
+def single_process_env() -> None:
+    """What `deepspeed`/`torchrun` would set, for one process started without a launcher."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        os.environ.setdefault(key, value)
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def deepspeed_config(cfg: TrainConfig, path: str | Path = DEEPSPEED_CONFIG) -> dict[str, Any]:
+    """The DeepSpeed config file with its "auto" values filled from params.yaml.
+
+    An explicit value that differs from params.yaml is refused, so the two files cannot disagree."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the DeepSpeed config: {e}") from None
+    wanted = {
+        ("optimizer", "params", "lr"): cfg.lr,
+        ("optimizer", "params", "betas"): list(cfg.betas),
+        ("optimizer", "params", "weight_decay"): cfg.weight_decay,
+        ("gradient_clipping",): cfg.grad_clip,
+        ("zero_optimization", "stage"): cfg.zero_stage,
+    }
+    for keys, value in wanted.items():
+        node = config
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        have = node.get(keys[-1], "auto")
+        if have == "auto":
+            node[keys[-1]] = value
+        elif have != value:
+            dotted = ".".join(keys)
+            raise ValueError(f"{path}: {dotted} is {have!r} but params.yaml says {value!r}; "
+                             f"write \"auto\" there to take params.yaml's value")
+    # our loop accumulates micro-batches itself and calls step once per minibatch
+    config["managed_gradient_accumulation"] = False
+    config.setdefault("train_micro_batch_size_per_gpu", 1)
+    config.setdefault("gradient_accumulation_steps", 1)
+    return config
+
+
+class DeepSpeedBackend:
+    """DeepSpeed engine with the ZeRO stage from params (see the module docstring)."""
+
+    name = "deepspeed"
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, config_path: str | Path = DEEPSPEED_CONFIG):
+        single_process_env()
+        import deepspeed
+
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        self.config = deepspeed_config(cfg, config_path)
+        self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        if self.world_size > 1 and cfg.zero_stage > 0:
+            raise ValueError(f"train.zero_stage {cfg.zero_stage} with {self.world_size} ranks: ZeRO 2-3 reduce "
+                             "gradients in every backward (ranks run different numbers of micro-batches) and a "
+                             "ZeRO-1 checkpoint would hold rank 0's partition only; use zero_stage 0")
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=self.config)
+        self.model = self.engine.module
+        self.lr = cfg.lr
+        self.zero_stage = cfg.zero_stage
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def _zero_grad(self) -> None:
+        if self.zero_stage > 0:
+            self.optimizer.zero_grad()
+        self.engine.zero_grad()
+
+    def agree(self, ok: bool) -> bool:
+        """True when every rank says ok: a step is taken by all ranks or refused by all (a lone
+        refusal would leave the others waiting in the step's all-reduce)."""
+        if self.world_size == 1:
+            return ok
+        flag = torch.tensor([1.0 if ok else 0.0], device=self.engine.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag.item() > 0)
+
+    def refuse(self, refusals: Refusals, reason: str) -> dict[str, float]:
+        """Drop this minibatch's gradients without stepping, and count it."""
+        self._zero_grad()
+        refusals.count += 1
+        refusals.last_reason = reason
+        return {"train/refused": 1.0}
+
+    def step(self, refusals: Refusals) -> dict[str, float]:
+        if not self.agree(nonfinite_reason(None, self.model.parameters()) is None):
+            return self.refuse(refusals, "a gradient contains NaN/Inf (on some rank)")
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else None
+        self.engine.step()
+        if norm is None:
+            norm = self.engine.get_global_grad_norm()
+        out = {"train/refused": 0.0}
+        if norm is not None:
+            out["losses/grad_norm"] = float(norm)
+        return out
+
+    def model_state(self) -> dict[str, Any]:
+        """Full weights (ZeRO-3 gathers its partitions)."""
+        if self.zero_stage == 3:
+            return self.engine._zero3_consolidated_16bit_state_dict()
+        return self.model.state_dict()
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(model, optim) states; for ZeRO 1-3 the optimizer's tensor parts only (its bookkeeping
+        objects do not load with weights_only and are rebuilt from the engine on load)."""
+        model = self.model_state()
+        optim = self.optimizer.state_dict()
+        if self.zero_stage > 0:
+            optim = {k: v for k, v in optim.items() if _plain(v)}
+        return model, optim
+
+    def load_state(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+        if self.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=0):
+                self.model.load_state_dict(model_state)
+        else:
+            self.model.load_state_dict(model_state)
+        if self.zero_stage > 0:  # one rank: its partition is the whole state; fp32 masters from the file
+            merged = {**self.optimizer.state_dict(), **optim_state}
+            self.optimizer.load_state_dict([merged], load_from_fp32_weights=True)
+        else:
+            self.optimizer.load_state_dict(optim_state)
+
+
+def _plain(value: Any) -> bool:
+    """Tensors, numbers, strings and containers of them: what torch.load(weights_only=True) reads."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str | int) and _plain(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(_plain(v) for v in value)
+    # exact types: an IntEnum is an int but does not load with weights_only
+    return value is None or isinstance(value, torch.Tensor) or type(value) in (bool, int, float, str)
+
+
+def make_backend(model: torch.nn.Module, cfg: TrainConfig, config_path: str | Path = DEEPSPEED_CONFIG):
+    """The backend `train.backend` names."""
+    if cfg.backend == "torch":
+        return TorchBackend(model, cfg)
+    return DeepSpeedBackend(model, cfg, config_path)
+
+
+__all__ = ["DEEPSPEED_CONFIG", "DeepSpeedBackend", "TorchBackend", "deepspeed_config", "make_backend",
+           "single_process_env"]

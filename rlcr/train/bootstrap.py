@@ -1,0 +1,474 @@
+"""Bootstrap: scripted organisations -> traces -> SFT warm start, and a quick held-out check.
+
+RL from a collective reward needs a policy that already succeeds sometimes (DESIGN.md: REINFORCE
+from a 9% model learned nothing), so the shared policy first imitates hand-written organisations.
+
+traces    Each episode plays a TRAIN task (cycled to `bootstrap.episodes`) with a style drawn from
+          the `bootstrap.styles` weights: the solo, delegate and verify companies of
+          `rlcr.org.scripted`, or `single` (the solo script under `org.single_agent`, so the
+          baseline's observations are covered too), and a worker error rate drawn from
+          `bootstrap.error_rates`. All run through `run_episodes` with the pipeline's own org
+          config and the tokenizer's length function, so every observation is exactly what the
+          scheduler renders for the learned policy later. A round of all episodes is one batch.
+filter    An agent's turns are imitated only when everything the agent itself asserted is true:
+          each equation it wrote holds, each APPROVE/REJECT fits the truth of the claim it judged,
+          a SUBMIT it made verifies. So the policy learns correct behaviour in situations that hold
+          other agents' errors (a verifier sees a wrong post and rejects it; a CEO sees the REJECT
+          and rehires) and never imitates an error. Whole failed episodes are not thrown away:
+          that would hide exactly the situations verifiers exist for.
+examples  One per kept turn: prompt_ids(observation) is context, completion_ids(turn) (text + eos)
+          the loss-carrying target; THE encoding of `rlcr.policy.bridge`.
+drill     (tiny only) `bootstrap.drill_share` of the steps train worked sums instead,
+          `<bos>68+57+42+37=` -> `68+57=125;125+42=167;167+37=204\\n`: copying numbers from
+          earlier text and adding two of them, the skills behind every role's turn, at ~30 tokens
+          an example instead of ~400. Measured on 2 cores: the traces alone teach the protocol's
+          format but too few sums to add (a sum is ~3 loss tokens in ~400).
+sft       `rlcr.train.sft.train_sft`; a step is either a trace batch or a drill batch
+          (`step_batches`), never both: a drill example padded to a trace's length is waste.
+
+Instruct profiles (model.kind smollm2 / hf) take no SFT: the bootstrap policy is the base model
+prompted with the protocol; models/bootstrap holds the materialized base folder's files as HARD
+LINKS (copies across filesystems), see `link_base`.
+
+The quick check (`quick_eval`) runs held-out built-in sums (sum, signed_sum; each difficulty) as a
+company and as a single agent, sampled at engine.temperature and greedy, through EnginePolicy and
+the torch engine: the numbers that say whether RL will have a signal.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rlcr.config import BootstrapConfig, EngineConfig, OrgConfig, Params, RewardConfig
+from rlcr.org.episode import Generation, LengthFn, Request, run_episodes
+from rlcr.org.records import EpisodeRecord
+from rlcr.org.scripted import ScriptedOrg, render_sum
+from rlcr.policy.bridge import EnginePolicy, completion_ids, prompt_ids, token_length_fn
+from rlcr.policy.engine import Sampling
+from rlcr.policy.tokenizer import encode
+from rlcr.tasks import Task
+from rlcr.train.sft import SFTExample, train_sft
+
+STYLES = ("solo", "delegate", "verify", "single")
+_EQ = re.compile(r"(-?\d+(?:[-+]\d+)+)=(-?\d+)")
+_VERDICT = re.compile(r"\b(APPROVE|REJECT)\b(.*)$")
+
+
+# ------------------------------------------------------------------------------------------ traces
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """How one scripted episode is played."""
+
+    style: str
+    error_rate: float
+
+
+class _PerEpisode:
+    """A policy that hands each request to the scripted organisation of its episode."""
+
+    def __init__(self, orgs: dict[str, ScriptedOrg]):
+        self.orgs = orgs
+
+    def generate_batch(self, requests: Sequence[Request]) -> list[Generation]:
+        return [Generation(self.orgs[r.episode_id].act(r)) for r in requests]
+
+
+def draw_specs(n: int, cfg: BootstrapConfig) -> list[TraceSpec]:
+    """n (style, error rate) draws from the configured mixture; a pure function of cfg.seed."""
+    rng = random.Random(f"bootstrap-mixture:{cfg.seed}")
+    styles = [s for s in STYLES if cfg.styles.get(s, 0) > 0]
+    weights = [cfg.styles[s] for s in styles]
+    return [TraceSpec(rng.choices(styles, weights)[0], rng.choice(cfg.error_rates)) for _ in range(n)]
+
+
+def scripted_traces(tasks: Sequence[Task], cfg: BootstrapConfig, org: OrgConfig, reward: RewardConfig,
+                    len_fn: LengthFn) -> list[EpisodeRecord]:
+    """One scripted episode per task (tasks cycled to cfg.episodes), styles and error rates drawn
+    from the mixture; company and single-agent episodes each run as one lock-step batch."""
+    if not tasks:
+        raise ValueError("no training tasks for the scripted traces")
+    picked = [tasks[i % len(tasks)] for i in range(cfg.episodes)]
+    specs = draw_specs(len(picked), cfg)
+    records: list[EpisodeRecord] = []
+    for single in (False, True):
+        idx = [i for i, s in enumerate(specs) if (s.style == "single") == single]
+        if not idx:
+            continue
+        ids = [f"boot{i}:{specs[i].style}:{picked[i].id}" for i in idx]
+        orgs = {
+            eid: ScriptedOrg(style="solo" if single else specs[i].style, error_rate=specs[i].error_rate,
+                             verifier_error_rate=cfg.verifier_error_rate, seed=cfg.seed, len_fn=len_fn)
+            for eid, i in zip(ids, idx, strict=True)
+        }
+        org_cfg = replace(org, single_agent=single)
+        records += run_episodes([picked[i] for i in idx], _PerEpisode(orgs), org_cfg, reward,
+                                len_fn=len_fn, episode_ids=ids)
+    return records
+
+
+# ------------------------------------------------------------------------------------------ filter
+
+
+def _value(expr: str) -> int:
+    return sum(int(t) for t in re.findall(r"[-+]?\d+", expr))
+
+
+def _equation_true(m: re.Match) -> bool:
+    return _value(m.group(1)) == int(m.group(2))
+
+
+def turn_is_correct(completion: str) -> bool:
+    """Every equation in the turn holds, except a judged claim, where the verdict must fit the claim."""
+    for line in completion.split("\n"):
+        verdict = _VERDICT.search(line)
+        if verdict:
+            claims = list(_EQ.finditer(verdict.group(2)))
+            if not claims or _equation_true(claims[-1]) != (verdict.group(1) == "APPROVE"):
+                return False
+            line = line[: verdict.start()]
+        if not all(_equation_true(m) for m in _EQ.finditer(line)):
+            return False
+    return True
+
+
+def correct_agents(record: EpisodeRecord) -> set[int]:
+    """Agents all of whose own assertions are true (see the module docstring)."""
+    bad = {t.agent for t in record.turns if not turn_is_correct(t.completion)}
+    if record.episode.submitter >= 0 and record.episode.outcome < 1.0:
+        bad.add(record.episode.submitter)
+    return {t.agent for t in record.turns} - bad
+
+
+def kept_turns(records: Sequence[EpisodeRecord]):
+    """(record, turn) pairs the bootstrap trains on."""
+    for rec in records:
+        good = correct_agents(rec)
+        for t in rec.turns:
+            if t.agent in good:
+                yield rec, t
+
+
+def trace_stats(records: Sequence[EpisodeRecord]) -> dict[str, float]:
+    """What the traces hold: success by style, turns kept by role, lengths."""
+    out: dict[str, float] = {"traces/episodes": len(records)}
+    kept = list(kept_turns(records))
+    all_turns = [t for r in records for t in r.turns]
+    out["traces/turns"] = len(all_turns)
+    out["traces/turns_kept"] = len(kept)
+    out["traces/success"] = sum(r.episode.outcome for r in records) / max(1, len(records))
+    by_style: dict[str, list[float]] = {}
+    for r in records:
+        by_style.setdefault(r.episode.episode_id.split(":")[1], []).append(r.episode.outcome)
+    for s, v in sorted(by_style.items()):
+        out[f"traces/{s}/episodes"] = len(v)
+        out[f"traces/{s}/success"] = sum(v) / len(v)
+    for role, n in sorted(Counter(t.role for _, t in kept).items()):
+        out[f"traces/kept_turns/{role}"] = n
+    if kept:
+        out["traces/prompt_chars_mean"] = sum(len(t.prompt) for _, t in kept) / len(kept)
+        out["traces/prompt_chars_max"] = max(len(t.prompt) for _, t in kept)
+        out["traces/completion_chars_mean"] = sum(len(t.completion) for _, t in kept) / len(kept)
+    return out
+
+
+
+# ---------------------------------------------------------------------------------------- examples
+
+
+def trace_examples(records: Sequence[EpisodeRecord], tokenizer, context: int) -> tuple[list[SFTExample], int]:
+    """(examples of the kept turns, how many did not fit `context` and were left out)."""
+    out, too_long = [], 0
+    for _, t in kept_turns(records):
+        p, c = prompt_ids(tokenizer, t.prompt), completion_ids(tokenizer, t.completion)
+        if len(p) + len(c) > context:
+            too_long += 1
+            continue
+        out.append(SFTExample(tuple(p + c), tuple([0] * len(p) + [1] * len(c))))
+    return out, too_long
+
+
+_SUM = re.compile(r"^-?\d+(?:[-+]\d+)+$")
+
+
+def sum_shapes(tasks: Sequence[Task]) -> list[list[int]]:
+    """The terms of every plain sum among the tasks' prompts and sub-problems (`87+21+96+91`, its
+    pairs `87+21`, `96+91` and the combine `108+187`): what the company's roles actually add."""
+    exprs = [e.replace(" ", "") for t in tasks for e in (t.prompt, *(sp.prompt for sp in t.subproblems))]
+    return [[int(x) for x in re.findall(r"[-+]?\d+", e)] for e in exprs if _SUM.match(e)]
+
+
+def _like(term: int, rng: random.Random) -> int:
+    """A random term with the same number of digits and the same sign."""
+    digits = len(str(abs(term)))
+    lo = 10 ** (digits - 1) if digits > 1 else 0
+    value = rng.randint(lo, 10**digits - 1)
+    return -value if term < 0 else value
+
+
+def _chain(terms: list[int]) -> str:
+    """`68+57=125;125+42=167;167+37=204`: the sum worked left to right, as the solo script writes it."""
+    steps, acc = [], terms[0]
+    for t in terms[1:]:
+        steps.append(f"{render_sum([acc, t])}={acc + t}")
+        acc += t
+    return ";".join(steps)
+
+
+def arithmetic_examples(n: int, tokenizer, seed: int, shapes: Sequence[Sequence[int]]) -> list[SFTExample]:
+    """n drill examples `<bos>68+57+42+37=` -> `68+57=125;125+42=167;167+37=204\n`, each drawn like
+    a random one of `shapes` (`sum_shapes` of the train tasks): as many terms, each with the same
+    number of digits and sign, fresh values.
+
+    The target is the whole worked chain: the operands copied from the left side, each partial sum,
+    and the line end. That is the two skills every role's turn needs, without the ~350-token
+    observation around them: copy numbers from earlier text (a brief, a task, a post) and add two
+    numbers. DESIGN.md measured the same format learning in minutes on 2 cores."""
+    if len(encode(tokenizer, "12+34", bos=False)) != 5:
+        raise ValueError("the arithmetic drill is for the character tokenizer (model.kind tiny)")
+    if not shapes:
+        raise ValueError("no sum among the train tasks to drill (bootstrap.drill_share > 0 needs sum tasks)")
+    rng = random.Random(f"bootstrap-arithmetic:{seed}")
+    # the tokenizer's own id of each character (one token a character), looked up without a call per example
+    ids = {c: encode(tokenizer, c, bos=False)[0] for c in "0123456789+-=;\n"}
+    bos = (tokenizer.bos_token_id,)
+    out = []
+    for _ in range(n):
+        terms = [_like(t, rng) for t in rng.choice(shapes)]
+        lhs, rhs = render_sum(terms) + "=", _chain(terms) + "\n"
+        out.append(SFTExample(bos + tuple(ids[c] for c in lhs + rhs), (0,) * (1 + len(lhs)) + (1,) * len(rhs)))
+    return out
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, rng: random.Random, pool: int = 16) -> list[list[int]]:
+    """One epoch of batches over all examples, each batch of similar lengths: shuffle, cut into pools
+    of `pool` batches, sort each pool by length, cut it into batches, shuffle the batch order. Padding
+    to the longest of a batch then wastes little (a random 16 of 200-850-token traces pads ~40%)."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    out: list[list[int]] = []
+    for i in range(0, len(order), pool * batch_size):
+        part = sorted(order[i : i + pool * batch_size], key=lambda j: lengths[j])
+        out += [part[k : k + batch_size] for k in range(0, len(part), batch_size)]
+    rng.shuffle(out)
+    return out
+
+
+def step_batches(trace_lengths: Sequence[int], n_drill: int, steps: int, batch_size: int, drill_batch_size: int,
+                 drill_share: float, seed: int) -> list[list[int]]:
+    """The example indices of each SFT step over `traces + drill` (drill indices start at len(traces)).
+
+    Drill steps are spread evenly (step s is one when floor((s+1) * share) > floor(s * share)) and
+    take fresh drill examples in order; the other steps take trace batches of similar lengths
+    (`length_batches`), epoch after epoch. Batches never mix the two: a 30-token drill example padded
+    to a 400-token trace is waste."""
+    rng = random.Random(f"bootstrap-batches:{seed}")
+    n_traces = len(trace_lengths)
+    out: list[list[int]] = []
+    epoch: list[list[int]] = []
+    drill_at = n_traces
+    for s in range(steps):
+        if int((s + 1) * drill_share) > int(s * drill_share):
+            out.append(list(range(drill_at, min(drill_at + drill_batch_size, n_traces + n_drill))))
+            drill_at += drill_batch_size
+            continue
+        if not epoch:
+            epoch = length_batches(trace_lengths, batch_size, rng)
+        out.append(epoch.pop())
+    if any(not b for b in out):
+        raise ValueError(f"{n_drill} drill examples are too few for {steps} steps at drill_share {drill_share}")
+    return out
+
+
+def drill_steps(steps: int, drill_share: float) -> int:
+    """How many of `steps` are drill steps (see step_batches)."""
+    return int(steps * drill_share)
+
+
+# -------------------------------------------------------------------------------------- evaluation
+
+
+def _eval_tasks(tasks: Sequence[Task], n: int) -> list[Task]:
+    """About n built-in sum tasks, the same number from each (family, difficulty), in file order."""
+    groups: dict[tuple[str, int], list[Task]] = {}
+    for t in tasks:
+        if t.family in ("sum", "signed_sum"):
+            groups.setdefault((t.family, t.difficulty), []).append(t)
+    if not groups:
+        return []
+    per = max(1, n // len(groups))
+    return [t for key in sorted(groups) for t in groups[key][:per]]
+
+
+def drill_accuracy(model, tokenizer, n: int, seed: int, shapes: Sequence[Sequence[int]]) -> dict[str, float]:
+    """Greedy exact match on n fresh drill chains (the whole worked chain right), by number of terms."""
+    from rlcr.policy.torch_engine import TorchEngine
+
+    examples = arithmetic_examples(n, tokenizer, seed + 7919, shapes)  # not the training draw
+    prompts = [[i for i, m in zip(e.input_ids, e.loss_mask, strict=True) if not m] for e in examples]
+    targets = [[i for i, m in zip(e.input_ids, e.loss_mask, strict=True) if m] for e in examples]
+    eng = TorchEngine(model, tokenizer, context=model.config.max_position_embeddings)
+    outs = eng.generate(prompts, Sampling(temperature=0.0, max_new_tokens=max(len(t) for t in targets),
+                                          stop=("\n",)))
+    hits: dict[int, list[bool]] = {}
+    for p, t, o in zip(prompts, targets, outs, strict=True):
+        terms = 1 + len(re.findall(r"[-+]", tokenizer.decode(p, skip_special_tokens=True)))
+        hits.setdefault(terms, []).append(o.token_ids[: len(t)] == t)
+    out = {"drill/accuracy": sum(sum(v) for v in hits.values()) / n}
+    out.update({f"drill/accuracy/{k}_terms": sum(v) / len(v) for k, v in sorted(hits.items())})
+    return out
+
+
+def quick_eval(model, tokenizer, tasks: Sequence[Task], n_tasks: int, org: OrgConfig, reward: RewardConfig,
+               engine: EngineConfig, context: int, seed: int) -> dict[str, float]:
+    """Held-out success of the policy as a company and as a single agent, sampled at the engine's
+    temperature and greedy: `bootstrap/<company|single>/<sampled|greedy>/d<k>` and the mean over
+    difficulties without the `/d<k>`."""
+    from rlcr.policy.torch_engine import TorchEngine
+
+    picked = _eval_tasks(tasks, n_tasks)
+    if not picked:
+        return {}
+    eng = TorchEngine(model, tokenizer, device=engine.device, dtype=engine.dtype, context=context)
+    len_fn = token_length_fn(tokenizer)
+    out: dict[str, float] = {"bootstrap/eval_tasks": len(picked)}
+    for mode in ("company", "single"):
+        for how, temperature in (("sampled", engine.temperature), ("greedy", 0.0)):
+            sampling = Sampling.from_config(engine, seed=seed)
+            sampling = replace(sampling, temperature=temperature)
+            recs = run_episodes(picked, EnginePolicy(eng, tokenizer, sampling), replace(org, single_agent=mode == "single"),
+                                reward, len_fn=len_fn, episode_ids=[f"eval:{t.id}" for t in picked])
+            key = f"bootstrap/{mode}/{how}"
+            out[key] = sum(r.episode.outcome for r in recs) / len(recs)
+            for d in sorted({t.difficulty for t in picked}):
+                part = [r.episode.outcome for r, t in zip(recs, picked, strict=True) if t.difficulty == d]
+                out[f"{key}/d{d}"] = sum(part) / len(part)
+                for fam in sorted({t.family for t in picked}):
+                    part = [r.episode.outcome for r, t in zip(recs, picked, strict=True)
+                            if t.difficulty == d and t.family == fam]
+                    if part:
+                        out[f"{key}/{fam}/d{d}"] = sum(part) / len(part)
+            out[f"{key}/malformed_turns"] = sum(r.episode.malformed_turns for r in recs) / max(1, sum(r.episode.n_turns for r in recs))
+    model.train(False)
+    return out
+
+
+# ------------------------------------------------------------------------------------- the stage
+
+
+def link_base(base: str | Path, folder: str | Path) -> Path:
+    """models/bootstrap for an instruct model: the base folder's files HARD-LINKED into `folder`
+    (copied when hard links are impossible, e.g. across filesystems), written atomically like
+    `save_policy`. A real folder, not a symlink: DVC, MLflow and the engines see an ordinary HF
+    folder, and no file is stored twice on disk."""
+    base, folder = Path(base), Path(folder)
+    if not (base / "config.json").is_file():
+        raise FileNotFoundError(f"{base} is not an HF model folder (no config.json)")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(base, tmp, copy_function=link, symlinks=False)
+    old = None
+    if folder.exists() or folder.is_symlink():
+        old = folder.parent / f".{folder.name}.old-{uuid.uuid4().hex[:8]}"
+        folder.rename(old)
+    tmp.rename(folder)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    return folder
+
+
+@dataclass
+class BootstrapResult:
+    """What the stage reports: metrics for MLflow and metrics/bootstrap.json, per-step SFT metrics."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    steps: list[dict[str, float]] = field(default_factory=list)
+    base: str = ""
+    """Instruct profiles: the base folder models/bootstrap was linked from."""
+
+
+def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Sequence[Task], folder: str | Path,
+                     on_step: Callable[[int, dict[str, float]], None] | None = None) -> BootstrapResult:
+    """Write the bootstrap policy to `folder` and check it on held-out tasks (see the module docstring)."""
+    from rlcr.policy.models import build_tiny, load_policy, materialize, save_policy
+
+    cfg, res = params.bootstrap, BootstrapResult()
+    t0 = time.perf_counter()
+    if params.model.kind != "tiny":
+        # instruct model: prompted with the protocol as it is, no SFT
+        base = materialize(params.model, folder, cfg.seed)  # smollm2: converted once; hf: model.path
+        link_base(base, folder)
+        res.base = str(base)
+        model, tok = load_policy(folder, device=params.engine.device, dtype=params.engine.dtype)
+    else:
+        model, tok = build_tiny(params.model, cfg.seed)
+        # traces
+        records = scripted_traces(train_tasks, cfg, params.org, params.reward, token_length_fn(tok))
+        res.metrics.update(trace_stats(records))
+        context = min(params.model.context, params.org.context_tokens)
+        traces, too_long = trace_examples(records, tok, context)
+        if not traces:
+            raise ValueError("no scripted turn was kept for SFT: check bootstrap.error_rates and the org limits")
+        n_drill = drill_steps(cfg.steps, cfg.drill_share) * cfg.drill_batch_size
+        shapes = sum_shapes(train_tasks)
+        drill = arithmetic_examples(n_drill, tok, cfg.seed, shapes) if n_drill else []
+        batches = step_batches([len(e.input_ids) for e in traces], len(drill), cfg.steps, cfg.batch_size, cfg.drill_batch_size,
+                               cfg.drill_share, cfg.seed)
+        res.metrics.update({"traces/examples": len(traces), "traces/too_long": too_long,
+                            "traces/tokens": sum(len(e.input_ids) for e in traces), "drill/examples": len(drill)})
+        res.metrics["perf/prepare_s"] = time.perf_counter() - t0
+        # sft
+        t1, seen = time.perf_counter(), [0.0]
+
+        def log(step: int, m: dict[str, float]) -> None:
+            seen[0] += m["perf/tokens"]
+            m = {**m, "perf/tokens_per_s": seen[0] / max(1e-9, time.perf_counter() - t1),
+                 "charts/drill_step": float(batches[step][0] >= len(traces))}
+            res.steps.append(m)
+            if on_step is not None:
+                on_step(step, m)
+
+        sft = train_sft(model, [*traces, *drill], cfg, tok.pad_token_id, on_step=log, batches=batches)
+        model.eval()
+        save_policy(model, tok, folder)
+        losses = [m["losses/sft"] for m in res.steps if not m["charts/drill_step"]]
+        drills = [m["losses/sft"] for m in res.steps if m["charts/drill_step"]]
+        tail = max(1, len(losses) // 10)
+        res.metrics.update({
+            "losses/sft_final": sum(losses[-tail:]) / tail if losses else float("nan"),
+            "losses/drill_final": sum(drills[-tail:]) / min(tail, len(drills)) if drills else float("nan"),
+            "train/refused_updates": float(sft.refusals.count),
+            "perf/sft_s": time.perf_counter() - t1,
+            "perf/tokens_per_s": seen[0] / max(1e-9, time.perf_counter() - t1),
+        })
+        res.metrics.update(drill_accuracy(model, tok, 192, cfg.seed, shapes) if drill else {})
+    # held-out check
+    t2 = time.perf_counter()
+    if cfg.eval_tasks:
+        context = min(params.model.context, params.org.context_tokens) if params.model.kind == "tiny" else params.model.context
+        res.metrics.update(quick_eval(model, tok, eval_tasks, cfg.eval_tasks, params.org, params.reward,
+                                      params.engine, context, cfg.seed))
+    res.metrics["perf/eval_s"] = time.perf_counter() - t2
+    res.metrics["perf/total_s"] = time.perf_counter() - t0
+    return res
+
+
+__all__ = ["STYLES", "BootstrapResult", "bootstrap_policy", "link_base", "TraceSpec", "arithmetic_examples", "sum_shapes", "correct_agents", "draw_specs", "kept_turns",
+           "step_batches", "length_batches", "drill_steps", "quick_eval", "scripted_traces", "trace_examples", "trace_stats", "turn_is_correct"]

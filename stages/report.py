@@ -1,0 +1,36 @@
+"""DVC stage `report`: metrics files -> reports/ (report.md answering Q1-Q5, its figure sources, PNGs).
+
+Reads metrics/eval.json, metrics/train.json, metrics/bootstrap.json, metrics/ablations/*.json (each
+only if it exists: a missing one is named in the report, never a crash), plots/train.csv and
+plots/ablations/*.csv for the curves, and the company episode tables in data/rollouts for org charts.
+
+Outs (reports/):
+    report.md                the report; every figure in it is filled from a metrics file
+    report_sources.json      for every figure: its span in report.md, file, key, format and value
+    *.png                    learning curves, behaviour over training, success vs critical path, org charts
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's rlcr, not another installed copy
+
+from rlcr.stage import run_stage  # noqa: E402
+
+
+def body(params, tracker, root: Path) -> None:
+    import dataclasses
+
+    from rlcr.report import build_report
+
+    written = build_report(root, dataclasses.asdict(params.report), root / "reports")
+    for path in written:
+        tracker.log_artifact(path, "report")
+    print(f"[report] wrote {', '.join(str(p.relative_to(root)) for p in written)}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_stage("report", body, ROOT))

@@ -1,0 +1,89 @@
+"""DVC stage `train`: RL from collective rewards, models/bootstrap -> models/policy.
+
+    python stages/train.py                       # one process (train.backend torch or deepspeed)
+    deepspeed --num_gpus 8 stages/train.py       # 8 data-parallel ranks (train.backend: deepspeed, ZeRO-0)
+
+Outs:
+    models/policy/        the trained policy, an HF folder (written atomically at the end)
+    metrics/train.json    held-out company success before and after RL, and the last iteration's metrics
+    plots/train.csv       one row per iteration: reward, success, losses, advantages, throughput
+
+Checkpoints are not outs: they live in `.state/checkpoints/train/<key>/`, where the key hashes the
+starting policy, the train tasks and every param that shapes the run (not `train.iterations`), so a
+killed run started again resumes, and a longer `train.iterations` continues the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's rlcr, not another installed copy
+
+from rlcr.stage import run_stage  # noqa: E402
+
+
+def inputs(params, root: Path):
+    """(starting policy folder, train tasks, held-out tasks, checkpoint folder)."""
+    import pandas as pd
+
+    from rlcr.tasks.suite import from_frame
+    from rlcr.train.loop import held_out, run_key
+
+    start = root / "models/bootstrap"
+    if not (start / "config.json").is_file():
+        raise FileNotFoundError(f"{start} is not an HF policy folder (no config.json): run the bootstrap stage")
+    tasks = from_frame(pd.read_parquet(root / "data/tasks/train.parquet"))
+    evals = held_out(from_frame(pd.read_parquet(root / "data/tasks/eval.parquet")), params.train.eval_tasks)
+    return start, tasks, evals, root / ".state/checkpoints/train" / run_key(params, start, tasks)
+
+
+def body(params, tracker, root: Path) -> None:
+    import time
+
+    from rlcr import io
+    from rlcr.train.loop import CURVE_COLUMNS, curve_frame, evaluate_folder, train
+
+    t0 = time.perf_counter()
+    start, tasks, evals, ckpt_dir = inputs(params, root)
+    out, cfg = root / "models/policy", params.train
+    print(f"[train] {cfg.iterations} iterations x {cfg.tasks_per_iteration} tasks x {cfg.group_size} episodes, "
+          f"backend {cfg.backend}, checkpoints in {ckpt_dir.relative_to(root)}; held-out eval on {len(evals)} tasks")
+
+    before = evaluate_folder(start, evals, params, cfg.seed)
+    print(f"[train] held-out company success before RL: {before.get('eval/success', 0.0):.3f}")
+    result = train(params, start, tasks, out, tracker, ckpt_dir=ckpt_dir)
+    after = evaluate_folder(out, evals, params, cfg.seed)  # same tasks, same sampling seed: paired
+    print(f"[train] held-out company success after RL: {after.get('eval/success', 0.0):.3f}")
+
+    last = result.history[-1] if result.history else {}
+    metrics = {
+        **{k.replace("eval/", "eval_before/"): v for k, v in before.items()},
+        **{k.replace("eval/", "eval_after/"): v for k, v in after.items()},
+        "eval/success_delta": after.get("eval/success", 0.0) - before.get("eval/success", 0.0),
+        "train/iterations": float(len(result.history)),
+        "train/resumed_from": float(result.resumed_from or 0),
+        "train/refused_updates": float(result.refused_updates),
+        "train/seconds": time.perf_counter() - t0,
+        **{f"last/{k}": last[k] for k in CURVE_COLUMNS if k in last},
+    }
+    tracker.log_metrics(metrics, step=len(result.history))
+    with io.atomic_path(root / "plots/train.csv") as tmp:
+        curve_frame(result.history).to_csv(tmp, index=False)
+    io.write_json(metrics, root / "metrics/train.json")
+
+
+def worker_body(params, tracker, root: Path) -> None:
+    """Ranks > 0 of a multi-rank launch: their share of the rollouts and the gradient all-reduce only."""
+    from rlcr.train.loop import train
+
+    start, tasks, _, ckpt_dir = inputs(params, root)
+    train(params, start, tasks, root / "models/policy", tracker, ckpt_dir=ckpt_dir)
+
+
+if __name__ == "__main__":
+    if os.environ.get("RANK", "0") != "0":  # one MLflow run and one set of outs: rank 0's
+        sys.exit(run_stage("train", worker_body, ROOT, overrides={"tracking.enabled": False}))
+    sys.exit(run_stage("train", body, ROOT))

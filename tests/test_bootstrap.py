@@ -1,0 +1,289 @@
+"""Bootstrap: scripted traces, the keep-correct-agents filter, the encoding, the drill, that SFT on
+the traces teaches a role its action, the instruct path (hard links), and the stage via `dvc repro`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import re
+import time
+
+import pytest
+import torch
+import yaml
+
+from rlcr.config import BootstrapConfig, load_params
+from rlcr.org.protocol import parse_turn
+from rlcr.policy.bridge import completion_ids, prompt_ids, token_length_fn
+from rlcr.policy.engine import Sampling
+from rlcr.policy.models import build_tiny, load_policy, save_policy
+from rlcr.policy.tokenizer import build_char_tokenizer
+from rlcr.policy.torch_engine import TorchEngine
+from rlcr.tasks import build_family
+from rlcr.train import bootstrap as B
+from rlcr.train.sft import train_sft
+
+PARAMS = load_params()
+TOK = build_char_tokenizer()
+LEN = token_length_fn(TOK)
+STEPS = int(os.environ.get("RLCR_TEST_SFT_STEPS", 100))
+
+
+def sums(n: int, difficulty: int, seed: int = 0, family: str = "sum"):
+    return build_family(family, {"digits": 2}).generate(seed, n, difficulty)
+
+
+def cfg(**kw) -> BootstrapConfig:
+    base = {"episodes": 60, "steps": 10, "warmup_steps": 1, "eval_tasks": 0}
+    return BootstrapConfig(**{**base, **kw})
+
+
+# ------------------------------------------------------------------------------- the filter
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("POST @agent0 68+57=125\nDONE", True),
+    ("POST @agent0 68+57=124\nDONE", False),
+    ("68+57=125;125+42=167;167-37=130\nSUBMIT 130", True),
+    ("68+57=125;125+42=168;168-37=131\nSUBMIT 131", False),  # one wrong step is enough
+    ("42+37=79\nPOST @agent0 APPROVE 42+37=79\nDONE", True),
+    ("42+37=79\nPOST @agent0 APPROVE 42+37=80\nDONE", False),  # approving a wrong claim
+    ("42+37=79\nPOST @agent0 REJECT 42+37=80\nDONE", True),  # the claim is wrong by design
+    ("42+37=79\nPOST @agent0 REJECT 42+37=79\nDONE", False),  # rejecting a right claim
+    ("-15-20=-35\nSUBMIT -35", True),
+    ("HIRE worker: 68+57\nHIRE worker: 42-37", True),  # briefs are not claims
+    ("WAIT", True),
+])
+def test_turn_is_correct(text, ok):
+    assert B.turn_is_correct(text) is ok
+
+
+def test_only_agents_that_erred_are_dropped_and_verifiers_learn_from_wrong_posts():
+    recs = B.scripted_traces(sums(40, 3), cfg(episodes=40, styles={"verify": 1.0}, error_rates=(0.3,)),
+                             PARAMS.org, PARAMS.reward, LEN)
+    wrong_workers = rejects_kept = 0
+    for rec in recs:
+        good = B.correct_agents(rec)
+        for t in rec.turns:
+            if not B.turn_is_correct(t.completion):
+                assert t.agent not in good
+                wrong_workers += t.role == "worker"
+            if "REJECT" in t.completion and t.agent in good:
+                rejects_kept += 1
+        if rec.episode.outcome < 1:
+            assert rec.episode.submitter not in good  # a wrong submission is never imitated
+    assert wrong_workers > 0 and rejects_kept > 0
+
+
+def test_mixture_follows_the_weights_and_single_episodes_run_as_single():
+    c = cfg(episodes=400, styles={"solo": 1, "verify": 3, "single": 0}, error_rates=(0.0,))
+    specs = B.draw_specs(400, c)
+    counts = {s: sum(x.style == s for x in specs) for s in B.STYLES}
+    assert counts["single"] == counts["delegate"] == 0 and 70 < counts["solo"] < 130
+    assert specs == B.draw_specs(400, c)  # seeded
+    recs = B.scripted_traces(sums(20, 3), cfg(episodes=20, styles={"single": 1, "delegate": 1}), PARAMS.org,
+                             PARAMS.reward, LEN)
+    for rec in recs:
+        style = rec.episode.episode_id.split(":")[1]
+        assert rec.episode.mode == ("single" if style == "single" else "company")
+        if style == "delegate":
+            assert rec.episode.n_agents == 3  # CEO + one worker per half of 4 terms
+
+
+def test_examples_are_the_bridge_encoding_with_loss_on_the_turn_only():
+    recs = B.scripted_traces(sums(10, 1) + sums(10, 3), cfg(episodes=20), PARAMS.org, PARAMS.reward, LEN)
+    examples, too_long = B.trace_examples(recs, TOK, PARAMS.org.context_tokens)
+    kept = list(B.kept_turns(recs))
+    assert too_long == 0 and len(examples) == len(kept) > 0
+    for ex, (_, turn) in zip(examples, kept, strict=True):
+        p, c = prompt_ids(TOK, turn.prompt), completion_ids(TOK, turn.completion)
+        assert list(ex.input_ids) == p + c and c[-1] == TOK.eos_token_id
+        assert list(ex.loss_mask) == [0] * len(p) + [1] * len(c)
+    short, dropped = B.trace_examples(recs, TOK, 200)
+    assert dropped > 0 and all(len(e.input_ids) <= 200 for e in short)
+
+
+SHAPES = [[87, 21, 96, 91], [87, 21], [108, 187], [5, -3], [4, 7, -2]]
+
+
+def test_sum_shapes_are_the_prompts_and_subproblems_that_are_sums():
+    from rlcr.tasks import SubProblem, Task
+
+    task = Task("t1", "sum", "math", 3, "87+21+96+91", "295",
+                (SubProblem("87+21", "108"), SubProblem("96+91", "187"), SubProblem("108+187", "295")))
+    gcd = Task("t2", "rg/gcd", "math", 0, "Find the GCD of 12 and 18", "6")
+    assert B.sum_shapes([task, gcd]) == [[87, 21, 96, 91], [87, 21], [96, 91], [108, 187]]
+
+
+def test_drill_chains_are_true_and_only_the_worked_chain_carries_loss():
+    seen, digits = set(), set()
+    for ex in B.arithmetic_examples(300, TOK, seed=1, shapes=SHAPES):
+        context = TOK.decode([i for i, m in zip(ex.input_ids, ex.loss_mask, strict=True) if not m])
+        target = TOK.decode([i for i, m in zip(ex.input_ids, ex.loss_mask, strict=True) if m])
+        assert context.startswith("<bos>") and context.endswith("=") and target.endswith("\n")
+        terms = [int(t) for t in re.findall(r"[-+]?\d+", context[len("<bos>"):-1])]
+        steps = target[:-1].split(";")
+        assert len(steps) == len(terms) - 1 and 2 <= len(terms) <= 4
+        acc = terms[0]
+        for t, step in zip(terms[1:], steps, strict=True):
+            left, result = step.split("=")
+            assert [int(x) for x in re.findall(r"[-+]?\d+", left)] == [acc, t]  # operands copied
+            acc += t
+            assert int(result) == acc
+        seen.add(any(t < 0 for t in terms))
+        digits.add(tuple(len(str(abs(t))) for t in terms))
+    assert seen == {True, False}  # signed and unsigned sums
+    assert digits == {(2, 2, 2, 2), (2, 2), (3, 3), (1, 1), (1, 1, 1)}  # shaped like the given sums
+    assert B.arithmetic_examples(50, TOK, 3, SHAPES) == B.arithmetic_examples(50, TOK, 3, SHAPES)
+    with pytest.raises(ValueError, match="no sum among the train tasks"):
+        B.arithmetic_examples(5, TOK, 3, [])
+
+
+def test_step_batches_spread_drill_steps_and_never_mix():
+    lengths = [random.Random(i).randint(50, 900) for i in range(32)]
+    batches = B.step_batches(trace_lengths=lengths, n_drill=40 * 8, steps=56, batch_size=4, drill_batch_size=8,
+                             drill_share=40 / 56, seed=0)
+    drill = [b for b in batches if b[0] >= 32]
+    traces = [b for b in batches if b[0] < 32]
+    assert len(batches) == 56 and len(drill) == B.drill_steps(56, 40 / 56) == 40
+    assert all(all(i >= 32 for i in b) or all(i < 32 for i in b) for b in batches)
+    assert sorted(i for b in drill for i in b) == list(range(32, 32 + 320))  # fresh drill examples
+    assert len(traces) == 16 and all(len(b) == 4 for b in traces)
+    assert sorted(i for b in traces[:8] for i in b) == list(range(32))  # each epoch sees every trace once
+    assert batches == B.step_batches(lengths, 320, 56, 4, 8, 40 / 56, 0)
+    with pytest.raises(ValueError, match="too few"):
+        B.step_batches(lengths, 8, 56, 4, 8, 40 / 56, 0)
+
+
+def test_length_batches_pad_less_than_random_batches():
+    rng = random.Random(0)
+    lengths = [rng.randint(200, 850) for _ in range(512)]
+    batches = B.length_batches(lengths, 16, random.Random(1))
+    assert sorted(i for b in batches for i in b) == list(range(512))
+
+    def padded(bs):
+        return sum(max(lengths[i] for i in b) * len(b) for b in bs)
+
+    shuffled = list(range(512))
+    rng.shuffle(shuffled)
+    plain = [shuffled[i : i + 16] for i in range(0, 512, 16)]
+    assert padded(batches) < 0.8 * padded(plain)
+
+
+# ----------------------------------------------------------------------------------- learning
+
+
+def kinds(text: str) -> list[str]:
+    return [a.kind for a in parse_turn(text).actions]
+
+
+def right_action(model, turns) -> float:
+    """Share of turns where the model's greedy turn has the scripted turn's action kinds, e.g.
+    [HIRE, HIRE] for a CEO with four terms in round 1, [SUBMIT] with two, [WAIT] while its workers
+    work, [POST, DONE] for a worker: role- and situation-dependent protocol, not arithmetic."""
+    eng = TorchEngine(model, TOK, context=model.config.max_position_embeddings)
+    outs = eng.generate([prompt_ids(TOK, t.prompt) for t in turns], Sampling(temperature=0, max_new_tokens=40))
+    return sum(kinds(TOK.decode(o.token_ids, skip_special_tokens=True)) == kinds(t.completion)
+               for t, o in zip(turns, outs, strict=True)) / len(turns)
+
+
+def test_sft_on_traces_teaches_each_role_its_action():
+    """Learning test: a small model, delegate traces, ~30 s on one thread; held-out tasks."""
+    torch.set_num_threads(1)
+    org = dataclasses.replace(PARAMS.org, max_obs_tokens=256, context_tokens=320, max_turn_tokens=64)
+    mcfg = dataclasses.replace(PARAMS.model, hidden_size=64, intermediate_size=172, num_layers=2, context=320)
+    model, _ = build_tiny(mcfg, seed=0)
+    c = cfg(episodes=200, styles={"delegate": 1.0}, error_rates=(0.0,), steps=STEPS, batch_size=16, lr=3e-3,
+            warmup_steps=10)
+    held = B.scripted_traces(sums(12, 1, seed=99) + sums(12, 3, seed=99), dataclasses.replace(c, episodes=24), org,
+                             PARAMS.reward, LEN)
+    held_turns = [t for _, t in B.kept_turns(held)]
+    before = right_action(model, held_turns)
+    recs = B.scripted_traces(sums(100, 1, seed=1) + sums(100, 3, seed=1), c, org, PARAMS.reward, LEN)
+    examples, _ = B.trace_examples(recs, TOK, 320)
+    t0 = time.perf_counter()
+    train_sft(model, examples, c, TOK.pad_token_id)
+    model.eval()
+    after = right_action(model, held_turns)
+    print(f"right action kinds on held-out turns: {before:.2f} -> {after:.2f} ({time.perf_counter() - t0:.0f} s)")
+    assert {t.role for t in held_turns} == {"ceo", "worker"} and len(held_turns) > 50
+    assert before < 0.1 and after > 0.6
+
+
+# ------------------------------------------------------------------------------ instruct path
+
+
+def test_instruct_profile_links_the_base_model(tmp_path):
+    small = dataclasses.replace(PARAMS.model, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2)
+    model, tok = build_tiny(small, seed=3)
+    base = save_policy(model, tok, tmp_path / "base")
+    params = dataclasses.replace(
+        PARAMS, model=dataclasses.replace(small, kind="hf", path=str(base)),
+        bootstrap=dataclasses.replace(PARAMS.bootstrap, eval_tasks=0))
+    folder = tmp_path / "models/bootstrap"
+    folder.mkdir(parents=True)
+    (folder / "stale.bin").write_text("an older policy")
+    res = B.bootstrap_policy(params, [], [], folder)
+    assert res.base == str(base) and not folder.is_symlink() and not (folder / "stale.bin").exists()
+    for f in base.iterdir():
+        assert (folder / f.name).stat().st_ino == f.stat().st_ino  # hard links: no second copy on disk
+    loaded, _ = load_policy(folder)
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(v, v2)
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temp leftovers
+
+
+def test_link_base_refuses_a_folder_without_a_model(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        B.link_base(tmp_path, tmp_path / "out")
+
+
+# ------------------------------------------------------------------------------ stage end to end
+
+
+@pytest.mark.slow
+def test_stage_through_dvc_repro(project_copy):
+    """prepare then bootstrap in a throwaway copy on small params: outs, metric, MLflow run, imports."""
+    import subprocess
+
+    from mlflow import MlflowClient
+
+    root = project_copy
+    data = yaml.safe_load((root / "params.yaml").read_text())
+    data["prepare"]["train"] = [{"name": "sum", "n": 30, "difficulties": [1, 3]}]
+    data["prepare"]["eval"] = [{"name": "sum", "n": 4, "difficulties": [1, 3]}, {"name": "rg/gcd", "n": 2}]
+    data["bootstrap"].update(episodes=30, steps=12, batch_size=4, drill_share=0.5, drill_batch_size=16,
+                             warmup_steps=2, eval_tasks=4)
+    data["profiles"]["tiny"] = {"model": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2}}
+    (root / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    env = {**os.environ, "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), "RLCR_IMPORTS_OUT": str(root / "imports.json")}
+    proc = subprocess.run(["dvc", "repro", "bootstrap"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Running stage 'prepare'" in proc.stdout and "Running stage 'bootstrap'" in proc.stdout
+
+    model, tok = load_policy(root / "models/bootstrap")
+    assert model.config.hidden_size == 32 and len(tok) == len(TOK)
+    metrics = json.loads((root / "metrics/bootstrap.json").read_text())
+    for key in ("bootstrap/company/greedy/d3", "bootstrap/single/sampled/d1", "traces/episodes", "drill/examples",
+                "losses/sft_final", "perf/tokens_per_s"):
+        assert key in metrics, key
+    assert metrics["traces/episodes"] == 30 and metrics["bootstrap/eval_tasks"] == 4
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rlcr-collective-rewards")
+    (run,) = client.search_runs([exp.experiment_id], "tags.`rlcr.stage` = 'bootstrap'")
+    assert run.info.status == "FINISHED" and run.data.params["bootstrap.steps"] == "12"
+    assert "losses/sft" in run.data.metrics and "bootstrap/company/greedy/d3" in run.data.metrics
+    assert len(client.get_metric_history(run.info.run_id, "losses/sft")) >= 2
+    assert any(a.path == "bootstrap" for a in client.list_artifacts(run.info.run_id))
+
+    # every rlcr module the stage imported is a declared dependency
+    deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["bootstrap"]["deps"]
+    imported = json.loads((root / "imports.json").read_text())
+    missing = [m for m in imported if not any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps)]
+    assert not missing, f"stage imports modules dvc.yaml does not list: {missing}"
+
+    again = subprocess.run(["dvc", "repro", "bootstrap"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "Running stage" not in again.stdout

@@ -1,0 +1,181 @@
+"""The report: every figure in report.md traces to a metrics file, verdicts follow the intervals,
+missing inputs are said rather than crashed on, and `report` through real `dvc repro` reruns alone
+when only a report param changes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from test_evaluate_stage import SCRIPTS, run_stage_body, write_rollouts
+
+from rlcr import io
+from rlcr.config import ReportConfig
+from rlcr.report import PLOTS, Sources, build_report, fill, format_value, untraced_figures
+
+REPORT = dataclasses.asdict(ReportConfig())
+VARIANTS = {"collective": (0.8, 40.0), "no_verifiers": (0.6, 20.0), "individual": (0.5, 15.0)}
+
+
+def upstream(root: Path, ablations: bool = True) -> None:
+    """What the stages before `report` write, made up where a real run would take minutes."""
+    io.write_json({"eval_before/success": 0.25, "eval_after/success": 0.5, "eval/success_delta": 0.25,
+                   "train/iterations": 3.0}, root / "metrics/train.json")
+    io.write_json({"bootstrap/company/sampled": 0.3, "bootstrap/single/sampled": 0.2}, root / "metrics/bootstrap.json")
+    curve = pd.DataFrame({"iteration": [1, 2, 3], "reward_mean": [0.2, 0.3, 0.5], "rollout_success": [0.2, 0.3, 0.5],
+                          "org_size": [2.0, 3.0, 3.5], "behaviour_idle_share": [0.1, 0.05, 0.0]})
+    with io.atomic_path(root / "plots/train.csv") as tmp:
+        curve.to_csv(tmp, index=False)
+    if not ablations:
+        return
+    for variant, (success, acc) in VARIANTS.items():
+        for seed in (0, 1):
+            m = {"variant": variant, "seed": seed, "train/success_first": 0.2, "train/success_last": success,
+                 f"{variant}/success": success, f"{variant}/success_ci_low": success - 0.1,
+                 f"{variant}/success_ci_high": success + 0.1, f"{variant}/accuracy_per_1k_tokens": acc + seed,
+                 f"{variant}/accuracy_per_1k_tokens_ci_low": acc - 4, f"{variant}/accuracy_per_1k_tokens_ci_high": acc + 4,
+                 f"{variant}/behaviour/false_approval_rate": 0.1, f"{variant}/behaviour/false_approval_rate_ci_low": 0.0,
+                 f"{variant}/behaviour/false_approval_rate_ci_high": 0.2}
+            io.write_json(m, root / f"metrics/ablations/{variant}__s{seed}.json")
+            with io.atomic_path(root / f"plots/ablations/{variant}__s{seed}.csv") as tmp:
+                curve.assign(rollout_success=curve["rollout_success"] * success).to_csv(tmp, index=False)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("report")
+    write_rollouts(root)
+    run_stage_body(root, **{"rollout.policies": [{"name": "bootstrap", "path": "x"}, {"name": "trained", "path": "y"}],
+                            "evaluate.n_resamples": 300})
+    upstream(root)
+    return root
+
+
+def report(root: Path, **params) -> tuple[str, list[dict]]:
+    build_report(root, {**REPORT, **params}, root / "reports")
+    return (root / "reports/report.md").read_text(), json.loads((root / "reports/report_sources.json").read_text())
+
+
+def summary(text: str) -> dict[str, str]:
+    """{Q1: answer, ...} from the summary table."""
+    rows = [r for r in text.split("## Summary")[1].split("## Runs")[0].splitlines() if r.startswith("| Q")]
+    return {r[2:4]: r.split("|")[2].strip().strip("*") for r in rows}
+
+
+def test_every_figure_in_the_report_comes_from_a_metrics_file(project):
+    text, spans = report(project)
+    assert spans and not untraced_figures(text, spans)
+    for s in spans:
+        assert text[s["start"]:s["end"]] == s["text"]
+        if s["file"] == "params.yaml":
+            assert REPORT[s["key"].removeprefix("report.")] == s["value"]
+        else:
+            assert json.loads((project / s["file"]).read_text())[s["key"]] == s["value"], s
+        assert format_value(s["value"], s["format"]) == s["text"]
+    files = {s["file"] for s in spans}
+    assert {"metrics/eval.json", "metrics/train.json", "metrics/bootstrap.json", "params.yaml"} <= files
+    assert any(f.startswith("metrics/ablations/") for f in files)
+    # a figure typed into the template is refused, not rendered
+    with pytest.raises(ValueError, match="hand-written figures"):
+        fill("success was 0.93", Sources({"params.yaml": {}}))
+
+
+def test_summary_sections_plots_and_verdicts(project):
+    text, _ = report(project, min_tasks_for_claim=1)
+    answers = summary(text)
+    assert set(answers) == {"Q1", "Q2", "Q3", "Q4", "Q5"}
+    # the error-free trained company beats the erring bootstrap company on the same tasks
+    m = json.loads((project / "metrics/eval.json").read_text())
+    assert m["compare/trained_vs_bootstrap/company/success_diff_ci_low"] > 0 and answers["Q4"] == "yes"
+    # scripted companies take longer (modelled time) than the one-line single agent: not faster
+    assert m["compare/company_vs_single/trained/critical_path_ratio_ci_low"] > 1 and answers["Q1"] == "no"
+    # ablation: collective's interval [36, 44] lies above no_verifiers' [16, 24] in both seeds
+    assert answers["Q3"] == "yes"
+    for name in PLOTS:
+        assert (project / f"reports/{name}.png").stat().st_size > 1000 and f"]({name}.png)" in text
+    assert "## Q5." in text and "| `collective` |" in text
+
+
+def test_too_few_tasks_means_no_claim(project):
+    text, _ = report(project, min_tasks_for_claim=1000)
+    answers = summary(text)
+    assert answers["Q1"] == answers["Q4"] == "cannot say" and "fewer than 1000 tasks: no claim" in text
+
+
+def test_missing_inputs_are_said_not_crashed_on(tmp_path):
+    text, spans = report(tmp_path)
+    assert not untraced_figures(text, spans)
+    assert set(summary(text).values()) == {"no data"}
+    assert "**Missing inputs**: `metrics/eval.json`, `metrics/train.json`, `metrics/bootstrap.json`." in text
+    assert "No ablations yet" in text and "No evaluation yet" in text
+    assert not list((tmp_path / "reports").glob("*.png"))
+
+    # only the baseline rolled out, no ablations, no training: Q4 says there is no trained policy
+    write_rollouts(tmp_path, runs=("bootstrap__company", "bootstrap__single"))
+    run_stage_body(tmp_path, **{"evaluate.n_resamples": 100})
+    text, spans = report(tmp_path)
+    assert not untraced_figures(text, spans)
+    answers = summary(text)
+    assert answers["Q4"] == "no data" and "No trained policy has been rolled out yet" in text
+    assert answers["Q1"] == "cannot say" and (tmp_path / "reports/org_charts.png").exists()
+
+
+# -------------------------------------------------------------------------------- the DVC stages
+
+
+@pytest.mark.slow
+def test_evaluate_and_report_through_dvc_repro(project_copy):
+    from mlflow import MlflowClient
+    from test_stage_prepare import dvc
+
+    root = project_copy
+    # keep only evaluate and report, exactly as declared: their upstream outs are placed by hand
+    spec = yaml.safe_load((root / "dvc.yaml").read_text())
+    spec["stages"] = {k: spec["stages"][k] for k in ("evaluate", "report")}
+    (root / "dvc.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["rollout"]["policies"] = [{"name": "bootstrap", "path": "x"}, {"name": "trained", "path": "y"}]
+    params["evaluate"]["n_resamples"] = 200
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    write_rollouts(root)
+    upstream(root)  # metrics/ablations and plots/ablations are deps of the report stage too
+
+    imported = {}
+    for stage in ("evaluate", "report"):
+        dvc(root, "repro", stage)
+        imported[stage] = json.loads((root / "imports.json").read_text())
+    m = json.loads((root / "metrics/eval.json").read_text())
+    assert m["eval/runs"] == len(SCRIPTS) and "trained__company/success" in m
+    text = (root / "reports/report.md").read_text()
+    spans = json.loads((root / "reports/report_sources.json").read_text())
+    assert not untraced_figures(text, spans) and (root / "reports/org_charts.png").exists()
+
+    # every rlcr module each stage imported is a declared dependency (RELIABILITY.md 10)
+    for stage, files in imported.items():
+        deps = spec["stages"][stage]["deps"]
+        missing = [f for f in files if not any(f == d or f.startswith(d.rstrip("/") + "/") for d in deps)]
+        assert f"rlcr/{stage}.py" in files and not missing, (stage, missing)
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rlcr-collective-rewards")
+    (run,) = client.search_runs([exp.experiment_id], "tags.`rlcr.stage` = 'report'")
+    assert run.info.status == "FINISHED"
+    assert {"report/report.md", "report/org_charts.png"} <= {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+
+    # nothing changed -> both skip; only a report param changed -> only report reruns
+    assert "didn't change, skipping" in dvc(root, "repro", "report").stdout
+    params["report"]["title"] = "Collective rewards, second look"
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = dvc(root, "repro", "report")
+    assert "Running stage 'report'" in proc.stdout and "Running stage 'evaluate'" not in proc.stdout
+    assert (root / "reports/report.md").read_text().startswith("# Collective rewards, second look")
+    # an evaluate param reruns evaluate, and report after it
+    params["evaluate"]["level"] = 0.9
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = dvc(root, "repro", "report")
+    assert "Running stage 'evaluate'" in proc.stdout and "Running stage 'report'" in proc.stdout
+    assert "90% confidence intervals" in (root / "reports/report.md").read_text()
