@@ -201,7 +201,7 @@ def q1(s: Sources) -> Finding:
         elif (hi is not None and hi < 0) or t > 0:
             words[p], why = "no", ("the company scores lower" if hi is not None and hi < 0 else "the company is slower")
         else:
-            words[p], why = "cannot say", "an interval includes the null value (difference 0 / time ratio 1)"
+            words[p], why = "cannot say", "an interval includes the null value (no difference, or a time ratio of one)"
         lines.append(f"- `{p}`: **{words[p]}**: {why} (non-inferiority margin {m}).")
     head = _headline(policies, s)
     k = f"compare/company_vs_single/{head}/"
@@ -239,7 +239,7 @@ def q2(s: Sources) -> Finding:
         else:
             words[p], why = {1: ("yes", "on short tasks the company takes longer than the single agent"),
                              -1: ("no", "even on short tasks the company is faster"),
-                             0: ("cannot say", "the short-task time ratio's interval includes 1")}[t]
+                             0: ("cannot say", "the short-task time ratio's interval includes one (no speed-up)")}[t]
         lines.append(f"- `{p}`: **{words[p]}**: {why}.")
     head = _headline(policies, s)
     k = f"compare/company_vs_single/{head}/short/"
@@ -348,7 +348,7 @@ def q4(s: Sources) -> Finding:
     else:
         answer, why = {1: ("yes", "the trained organisation succeeds more often on the same tasks"),
                        -1: ("no", "the trained organisation succeeds less often"),
-                       0: ("cannot say", "the difference's interval includes 0")}[t]
+                       0: ("cannot say", "the difference's interval includes zero")}[t]
     return Finding(answer, f"`{comp}` {org}: difference {s.ci(EVAL, k + 'success_diff', '+.2f')}",
                    body + ["", f"**{answer}**: {why}."])
 
@@ -384,7 +384,7 @@ def q5(s: Sources) -> Finding:
                        body + ["", "**cannot say**: without a trained policy nothing shows what collective reward taught; "
                                "the rates above are the baseline's."])
     answer = "yes" if any(x > 0 for x in signs) else "no" if all(x < 0 for x in signs) else "cannot say"
-    why = {"yes": "a rate rose with RL and its interval excludes 0", "no": "both rates fell, intervals below 0",
+    why = {"yes": "a rate rose with RL and its interval excludes zero", "no": "both rates fell, intervals below zero",
            "cannot say": "no rise shown, but the intervals do not rule one out"}[answer]
     return Finding(answer, "; ".join(evidence), body + ["", f"**{answer}**: {why}."])
 
