@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import torch
 
 from rlcr.config import ModelConfig
@@ -18,3 +22,14 @@ def varied_tiny(cfg: ModelConfig, seed: int):
             if p.dim() == 2:
                 p.normal_(0.0, 0.2, generator=gen)
     return model, tok
+
+
+def dvc(root: Path, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`dvc <args>` in a project copy, with its own site cache, the imports record of RLCR_IMPORTS_OUT,
+    and no MLFLOW_TRACKING_URI left over from an in-process stage run of the same test."""
+    env = {**os.environ, "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), "RLCR_IMPORTS_OUT": str(root / "imports.json")}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(["dvc", *args], cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return proc

@@ -4,14 +4,15 @@ writes what the report reads and nests its MLflow runs under one parent per swee
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import dvc as _dvc
 
 from rlcr import ablate
 from rlcr.config import ABLATION_VARIANTS, ConfigError, resolve
@@ -19,6 +20,7 @@ from rlcr.org import run_episodes
 from rlcr.org.scripted import Replay
 from rlcr.tasks import build_family
 
+dvc = functools.partial(_dvc, timeout=900)  # these stages train: more than prepare's 600 s
 ROOT = Path(__file__).resolve().parents[1]
 TASK = build_family("sum").generate(0, 1, 3)[0]  # 68+57+42+37 = 204
 
@@ -150,14 +152,6 @@ def test_learning_curve_has_a_column_per_curve_metric_and_zeros_for_missing_ones
 
 
 # ------------------------------------------------------------------------------------ end to end
-
-
-def dvc(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), "RLCR_IMPORTS_OUT": str(root / "imports.json")}
-    env.pop("MLFLOW_TRACKING_URI", None)  # an in-process stage_run of an earlier test may have exported one
-    proc = subprocess.run(["dvc", *args], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    return proc
 
 
 def mlflow_runs(root: Path):

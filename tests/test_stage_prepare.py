@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import dvc  # noqa: F401 - other test modules import it from here too
 from mlflow import MlflowClient
 
 pytestmark = pytest.mark.slow
@@ -21,14 +20,6 @@ def small_params(root: Path, **prepare) -> None:
     data["prepare"]["eval"] = [{"name": "sum", "n": 10, "difficulties": [1, 3]}, {"name": "rg/gcd", "n": 4}]
     data["prepare"].update(prepare)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), "RLCR_IMPORTS_OUT": str(root / "imports.json")}
-    proc = subprocess.run(["dvc", *args], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    if check:
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
 
 
 def stage_runs(root: Path):

@@ -7,6 +7,7 @@ tiny policy folder there itself and reproduces prepare -> train.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -17,8 +18,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import dvc as _dvc
 from mlflow import MlflowClient
 
+dvc = functools.partial(_dvc, timeout=900)  # these stages train: more than prepare's 600 s
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,14 +60,6 @@ def write_bootstrap(root: Path) -> None:
             "from rlcr.policy.models import build_tiny, save_policy; p = load_params('params.yaml'); "
             "save_policy(*build_tiny(p.model, 0), 'models/bootstrap')")
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True, capture_output=True, timeout=300)
-
-
-def dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), "RLCR_IMPORTS_OUT": str(root / "imports.json")}
-    proc = subprocess.run(["dvc", *args], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    if check:
-        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    return proc
 
 
 def train_runs(root: Path):
