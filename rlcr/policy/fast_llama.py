@@ -1,0 +1,109 @@
+"""The engine's own forward pass for Llama-family models (the tiny policy, SmolLM2, Llama/Mistral-style
+GPU folders): the same arithmetic as `LlamaForCausalLM.forward`, with fewer and larger operations.
+
+Why: a decode step of the default tiny model (4 layers, 64 rows) is ~10 ms of small operations, so
+their count matters. This pass runs q/k/v as one matmul and gate/up as one (measured on 2 cores,
+64 rows: 150 vs 291 us and 160 vs 250 us per layer), a fused RMSNorm, rotary tables gathered once per
+call, and SDPA with the engine's boolean mask as is; it skips HF's mask preparation, output
+capturing and cache bookkeeping. benchmarks/rollout_throughput.py (64 company episodes of the tiny
+model, prefix cache on, medians of interleaved repetitions), generated tokens/s, HF forward -> this:
+bootstrap policy 796 -> 1056 (1.33x), RL-trained policy 649 -> 774 (1.19x), random-init policy
+(every episode runs all 12 rounds) 2647 -> 2948 (1.11x); the sampled tokens are the same.
+
+Exactness: fp32 results equal HF's within float rounding (tests: logits within 1e-5, same greedy
+tokens); fused matmuls only change the order in which BLAS blocks its work. In bf16/fp16 RMSNorm
+runs in fp32 and casts back before the weight, as HF's LlamaRMSNorm does.
+
+Weights: the fused q/k/v and gate/up matrices are copies, rebuilt by `refresh()`; the engine calls
+it whenever the model's weights change (load_state_dict, or an in-place step, seen through the
+parameters' version counters). Every other weight is read from the model itself.
+
+Covers: `model_type` llama or mistral without sliding windows, SiLU MLP, no q/k/v/o or MLP bias,
+any rotary scaling the model's own rotary module implements (cos/sin come from it), grouped-query
+attention. Anything else (`unsupported()` says why) runs through the model's own forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_TYPES = ("llama", "mistral")
+
+
+def unsupported(model) -> str | None:
+    """Why `FastLlama` cannot run this model, or None when it can."""
+    cfg = model.config
+    if cfg.model_type not in SUPPORTED_TYPES:
+        return f"model_type {cfg.model_type!r} (supported: {', '.join(SUPPORTED_TYPES)})"
+    checks = {
+        "hidden_act is not silu": getattr(cfg, "hidden_act", "silu") != "silu",
+        "attention_bias": bool(getattr(cfg, "attention_bias", False)),
+        "mlp_bias": bool(getattr(cfg, "mlp_bias", False)),
+        "pretraining_tp > 1": getattr(cfg, "pretraining_tp", 1) != 1,
+        "sliding_window": bool(getattr(cfg, "sliding_window", None)),
+    }
+    bad = [name for name, hit in checks.items() if hit]
+    return ", ".join(bad) if bad else None
+
+
+class FastLlama:
+    """forward(ids, positions, mask, cache) -> logits of each row's last position, (b, vocab)."""
+
+    def __init__(self, model):
+        why = unsupported(model)
+        if why:
+            raise ValueError(f"FastLlama cannot run this model: {why}")
+        cfg = model.config
+        self.model = model
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.eps = cfg.rms_norm_eps
+        self.inter = cfg.intermediate_size
+        self.scale = model.model.layers[0].self_attn.scaling
+        self.gqa = self.kv_heads != self.heads
+        self.cos = self.sin = None
+        self.refresh()
+
+    @torch.inference_mode()
+    def refresh(self) -> None:
+        """Rebuild the fused matrices and rotary tables from the model's current weights and device."""
+        body = self.model.model
+        self.fused = []
+        for layer in body.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.fused.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                               torch.cat([m.gate_proj.weight, m.up_proj.weight])))
+        w = body.embed_tokens.weight
+        positions = torch.arange(self.model.config.max_position_embeddings, device=w.device)[None]
+        cos, sin = body.rotary_emb(w[:1], positions)  # (1, P, head_dim) in the model's dtype
+        self.cos, self.sin = cos[0], sin[0]
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, -1)
+        return x * cos + torch.cat((-x2, x1), -1) * sin
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """ids, positions: (b, q); mask: (b, 1, q, kv) bool, True = may attend; cache: the engine's
+        slot cache, whose layers store this call's keys/values and return the window to attend to."""
+        body = self.model.model
+        b, q = ids.shape
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        x = body.embed_tokens.weight[ids]  # (b, q, hidden)
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (b, 1, q, d)
+        for layer, (w_qkv, w_gu), slot in zip(body.layers, self.fused, cache.layers, strict=True):
+            a, m = layer.self_attn, layer.mlp
+            qkv = F.linear(self._norm(x, layer.input_layernorm.weight), w_qkv).view(b, q, h + 2 * kvh, d)
+            qkv = qkv.transpose(1, 2)  # (b, heads, q, d)
+            k, v = slot.update(self._rotate(qkv[:, h : h + kvh], cos, sin), qkv[:, h + kvh :])
+            o = F.scaled_dot_product_attention(self._rotate(qkv[:, :h], cos, sin), k, v, attn_mask=mask,
+                                               scale=self.scale, enable_gqa=self.gqa)
+            x = x + F.linear(o.transpose(1, 2).reshape(b, q, h * d), a.o_proj.weight)
+            gate, up = F.linear(self._norm(x, layer.post_attention_layernorm.weight), w_gu).split(self.inter, -1)
+            x = x + F.linear(F.silu(gate) * up, m.down_proj.weight)
+        return F.linear(self._norm(x[:, -1], body.norm.weight), self.model.lm_head.weight)

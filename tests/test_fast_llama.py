@@ -1,0 +1,125 @@
+"""The engine's own Llama forward against the HF model's: same logits, tokens and logprobs, on the
+shapes the tiny policy does not exercise (grouped-query attention, scaled rotary, bf16), with weights
+changed in place, and the fallback for models it does not cover."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from rlcr.config import ModelConfig  # noqa: E402
+from rlcr.policy.engine import Sampling, sequence_logprobs  # noqa: E402
+from rlcr.policy.fast_llama import FastLlama, unsupported  # noqa: E402
+from rlcr.policy.tokenizer import build_char_tokenizer  # noqa: E402
+from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
+from tests.helpers import varied_tiny  # noqa: E402
+from tests.test_torch_engine import greedy_by_recompute, prompts  # noqa: E402
+
+CTX = 96
+TOL = 1e-5
+
+
+def _varied(model, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2, generator=gen)
+    return model.eval()
+
+
+def llama(**over):
+    """A random Llama with the char tokenizer's vocabulary; `over` changes its config."""
+    tok = build_char_tokenizer(model_max_length=CTX)
+    kw = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=4, max_position_embeddings=CTX, bos_token_id=tok.bos_token_id,
+              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    return _varied(LlamaForCausalLM(LlamaConfig(**{**kw, **over})), 0), tok
+
+
+SHAPES = {
+    "tiny policy": lambda: varied_tiny(ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                                                   context=CTX), 0),
+    "grouped-query attention": lambda: llama(num_key_value_heads=2),
+    "linear rotary scaling, untied head": lambda: llama(
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}, tie_word_embeddings=False),
+    "head_dim != hidden / heads": lambda: llama(head_dim=32),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_logits_equal_the_hf_forward_for_a_left_padded_batch(shape):
+    model, tok = SHAPES[shape]()
+    assert unsupported(model) is None
+    ps = prompts(5, seed=1, lo=3, hi=30)
+    engine = TorchEngine(model, tok, context=CTX)
+    assert engine.fast is not None
+    s = Sampling(temperature=1.0, max_new_tokens=12, ignore_eos=True, seed=3)
+    for p, c in zip(ps, engine.generate(ps, s), strict=True):
+        assert (sequence_logprobs(model, p, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < TOL
+    greedy = engine.generate(ps, Sampling(temperature=0, max_new_tokens=12, ignore_eos=True))
+    assert [c.token_ids for c in greedy] == [greedy_by_recompute(model, p, 12) for p in ps]
+
+
+def test_fast_and_hf_forward_sample_the_same_tokens():
+    model, tok = SHAPES["tiny policy"]()
+    ps = prompts(12, seed=2)
+    s = Sampling(temperature=1.0, max_new_tokens=20, stop=("\n",), seed=5)
+    fast = TorchEngine(model, tok, context=CTX, prefill_tokens=64).generate(ps, s)
+    slow_engine = TorchEngine(model, tok, context=CTX, prefill_tokens=64, fast_forward=False)
+    assert slow_engine.fast is None
+    slow = slow_engine.generate(ps, s)
+    assert [c.token_ids for c in fast] == [c.token_ids for c in slow]
+    assert [c.finish_reason for c in fast] == [c.finish_reason for c in slow]
+    assert max(abs(a - b) for f, h in zip(fast, slow, strict=True) for a, b in zip(f.logprobs, h.logprobs, strict=True)) < TOL
+
+
+def test_an_in_place_weight_change_reaches_the_fused_copies():
+    model, tok = SHAPES["tiny policy"]()
+    engine = TorchEngine(model, tok, context=CTX)
+    ps = prompts(4, seed=3)
+    s = Sampling(temperature=0, max_new_tokens=10, ignore_eos=True)
+    before = [c.token_ids for c in engine.generate(ps, s)]
+    with torch.no_grad():  # what an optimiser step does to a shared model: q/k/v and gate/up included
+        for layer in model.model.layers:
+            layer.self_attn.k_proj.weight.mul_(-1.5)
+            layer.mlp.up_proj.weight.add_(0.3)
+    after = [c.token_ids for c in engine.generate(ps, s)]
+    assert after == [greedy_by_recompute(model, p, 10) for p in ps]
+    assert after != before
+
+
+def test_bfloat16_fast_forward_tracks_the_hf_forward():
+    model, tok = SHAPES["tiny policy"]()
+    model = model.to(torch.bfloat16)
+    ps = prompts(6, seed=4)
+    s = Sampling(temperature=1.0, max_new_tokens=10, ignore_eos=True, seed=1)
+    fast = TorchEngine(model, tok, dtype="bfloat16", context=CTX).generate(ps, s)
+    for p, c in zip(ps, fast, strict=True):
+        # the trainer's recompute in bf16: both round at bf16, in different places
+        assert (sequence_logprobs(model, p, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < 0.1
+
+
+def test_models_it_does_not_cover_run_the_hf_forward():
+    tok = build_char_tokenizer(model_max_length=CTX)
+    torch.manual_seed(0)
+    qwen = _varied(Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=CTX, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)), 0)
+    assert "qwen2" in unsupported(qwen)
+    with pytest.raises(ValueError, match="cannot run this model: model_type 'qwen2'"):
+        FastLlama(qwen)
+    engine = TorchEngine(qwen, tok, context=CTX)
+    assert engine.fast is None
+    ps = prompts(4, seed=5)
+    out = engine.generate(ps, Sampling(temperature=0, max_new_tokens=8, ignore_eos=True))
+    assert [c.token_ids for c in out] == [greedy_by_recompute(qwen, p, 8) for p in ps]
+    biased, _ = llama(attention_bias=True, mlp_bias=True)
+    assert unsupported(biased) == "attention_bias, mlp_bias"
