@@ -60,55 +60,61 @@ _REASONS = {_STOP: "stop", _LENGTH: "length", _CONTEXT: "context"}
 
 
 class _SlotLayer(DynamicLayer):
-    """One layer's view of the cache's K/V buffer; the cache sets which rows/columns a forward reads and writes."""
+    """One layer's preallocated K/V; the engine sets which rows/columns a forward reads and writes."""
 
-    def __init__(self, owner: _SlotCache, index: int):
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor):
         super().__init__()
-        self.owner, self.index = owner, index
-        self.dtype, self.device, self.is_initialized = owner.kv.dtype, owner.kv.device, True
+        self.kbuf, self.vbuf = kbuf, vbuf  # (B, kv_heads, capacity, head_dim)
+        self.dtype, self.device, self.is_initialized = kbuf.dtype, kbuf.device, True
+        self.rows, self.read_from, self.write_at = slice(0, kbuf.shape[0]), 0, 0
 
     def update(self, key_states, value_states, *args, **kwargs):
-        o = self.owner
-        kv = o.kv[self.index]  # (2, B, kv_heads, capacity, head_dim)
-        end = o.write_at + key_states.shape[-2]
-        kv[0, o.rows, :, o.write_at : end] = key_states
-        kv[1, o.rows, :, o.write_at : end] = value_states
-        self.keys, self.values = kv[0, o.rows, :, o.read_from : end], kv[1, o.rows, :, o.read_from : end]
+        end = self.write_at + key_states.shape[-2]
+        self.kbuf[self.rows, :, self.write_at : end] = key_states
+        self.vbuf[self.rows, :, self.write_at : end] = value_states
+        self.keys = self.kbuf[self.rows, :, self.read_from : end]
+        self.values = self.vbuf[self.rows, :, self.read_from : end]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
-        return self.owner.write_at
+        return self.write_at
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        self.kbuf, self.vbuf = self.kbuf[index], self.vbuf[index]
 
 
 class _SlotCache(Cache):
-    """Every layer's keys and values in one preallocated buffer (layers, 2, B, kv_heads, capacity,
-    head_dim), so copying a row in or out, or dropping finished rows, is one operation for all layers."""
-
     def __init__(self, num_layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
-        # zeros, not empty: padding columns are masked, but a masked NaN in V would still poison the sum
-        self.kv = torch.zeros(num_layers, 2, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.rows, self.read_from, self.write_at = slice(0, batch), 0, 0
-        super().__init__(layers=[_SlotLayer(self, i) for i in range(num_layers)])
+        shape = (batch, kv_heads, capacity, head_dim)
+        super().__init__(layers=[
+            _SlotLayer(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(num_layers)
+        ])
 
     def set_window(self, rows: slice, read_from: int, write_at: int) -> None:
-        self.rows, self.read_from, self.write_at = rows, read_from, write_at
+        for layer in self.layers:
+            layer.rows, layer.read_from, layer.write_at = rows, read_from, write_at
 
-    def keep_rows(self, index: torch.Tensor, used: int) -> None:
-        """Keep only the rows `index` (in that order). Columns from `used` on are not written yet, and
-        each is written before any read reaches it, so they are neither copied nor cleared."""
-        kv = self.kv
-        kept = kv.new_empty(*kv.shape[:2], index.numel(), *kv.shape[3:])
-        kept[..., :used, :] = kv[:, :, index, :, :used]
-        self.kv = kept
+    def keep_rows(self, index: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.keep_rows(index)
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         """A copy of row `row`'s K/V at columns [start, end): (layers, 2, kv_heads, n, head_dim)."""
-        return self.kv[:, :, row, :, start:end].clone()
+        k0 = self.layers[0].kbuf
+        kv = k0.new_empty(len(self.layers), 2, k0.shape[1], end - start, k0.shape[-1])
+        for i, layer in enumerate(self.layers):
+            kv[i, 0].copy_(layer.kbuf[row, :, start:end])
+            kv[i, 1].copy_(layer.vbuf[row, :, start:end])
+        return kv
 
     def write(self, row: int, start: int, kv: torch.Tensor) -> None:
         """Put `kv` (layers, 2, kv_heads, n, head_dim), e.g. a stored prefix, at row `row`, columns start.."""
-        self.kv[:, :, row, :, start : start + kv.shape[-2]] = kv
+        end = start + kv.shape[-2]
+        for i, layer in enumerate(self.layers):
+            layer.kbuf[row, :, start:end] = kv[i, 0]
+            layer.vbuf[row, :, start:end] = kv[i, 1]
 
 
 def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,7 +323,7 @@ class TorchEngine:
             if int((~alive).sum()) * 8 >= rows.numel():  # drop finished rows, compact the cache
                 self._remember(cache, (~alive).nonzero()[:, 0], rows, sorted_prompts, out_tok, n_out, L)
                 idx = alive.nonzero()[:, 0]
-                cache.keep_rows(idx, L + s)
+                cache.keep_rows(idx)
                 rows, tok, alive = rows[idx], tok[idx], alive[idx]
                 draw = torch.argsort(caller[rows])
                 undraw = torch.argsort(draw)
