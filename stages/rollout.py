@@ -35,6 +35,7 @@ def body(params, tracker, root: Path, policy: str, org: str) -> None:
         rollout_policy,
         run_name,
         select_tasks,
+        write_rollout,
     )
     from rlcr.tasks.suite import from_frame
     from rlcr.validation import report_json, require_valid, validate_rollouts
@@ -60,10 +61,7 @@ def body(params, tracker, root: Path, policy: str, org: str) -> None:
     tracker.log_text(report_json(validation), f"validation/{name}.json")
     require_valid(validation)
     # outs only after validation passed: a failing suite leaves nothing behind
-    out = root / "data/rollouts"
-    io.write_parquet(episodes, out / f"{name}.parquet")
-    io.write_parquet(turns, out / f"{name}.turns.parquet")
-    io.write_parquet(timing, out / f"{name}.timing.parquet")
+    write_rollout((episodes, turns, timing), root / "data/rollouts", name)
     io.write_json(metrics, root / f"metrics/rollout/{name}.json")
     print(f"[rollout] {name}: {len(records)} episodes, success {metrics['rollout/success']:.3f}, "
           f"{metrics['rollout/tokens_mean']:.0f} tokens/episode, {metrics['perf/tokens_per_s']:.0f} tokens/s, "

@@ -12,16 +12,22 @@ from rlcr.config import ModelConfig
 from rlcr.policy.models import build_tiny
 
 
-def varied_tiny(cfg: ModelConfig, seed: int):
-    """A tiny model whose outputs vary: at the default init (std 0.02) it just repeats the last
-    character, which would make equality tests pass for the wrong reason. -> (model, tokenizer)"""
-    model, tok = build_tiny(cfg, seed)
+def vary(model, seed: int):
+    """`model` with its matrices redrawn at std 0.2, so its outputs vary: at the default init (std 0.02)
+    a tiny model just repeats the last character, which would make equality tests pass for the wrong
+    reason. Returns the model, in eval mode."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.2, generator=gen)
-    return model, tok
+    return model.eval()
+
+
+def varied_tiny(cfg: ModelConfig, seed: int):
+    """A tiny model whose outputs vary (see `vary`). -> (model, tokenizer)"""
+    model, tok = build_tiny(cfg, seed)
+    return vary(model, seed), tok
 
 
 def dvc(root: Path, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -17,20 +17,11 @@ from rlcr.policy.engine import Sampling, sequence_logprobs  # noqa: E402
 from rlcr.policy.fast_llama import FastLlama, unsupported  # noqa: E402
 from rlcr.policy.tokenizer import build_char_tokenizer  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
-from tests.helpers import varied_tiny  # noqa: E402
+from tests.helpers import varied_tiny, vary  # noqa: E402
 from tests.test_torch_engine import greedy_by_recompute, prompts  # noqa: E402
 
 CTX = 96
 TOL = 1e-5
-
-
-def _varied(model, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2, generator=gen)
-    return model.eval()
 
 
 def llama(**over):
@@ -40,7 +31,7 @@ def llama(**over):
               num_key_value_heads=4, max_position_embeddings=CTX, bos_token_id=tok.bos_token_id,
               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
-    return _varied(LlamaForCausalLM(LlamaConfig(**{**kw, **over})), 0), tok
+    return vary(LlamaForCausalLM(LlamaConfig(**{**kw, **over})), 0), tok
 
 
 SHAPES = {
@@ -109,7 +100,7 @@ def test_bfloat16_fast_forward_tracks_the_hf_forward():
 def test_models_it_does_not_cover_run_the_hf_forward():
     tok = build_char_tokenizer(model_max_length=CTX)
     torch.manual_seed(0)
-    qwen = _varied(Qwen2ForCausalLM(Qwen2Config(
+    qwen = vary(Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=CTX, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)), 0)
