@@ -25,11 +25,16 @@ export PATH := $(ROOT)/$(VENV)/bin:$(PATH)
 
 setup: $(VENV)/.installed
 
+# Debian packages: bubblewrap for the code sandbox, chromium (+ chromium-driver) for the episode
+# viewer's browser tests (Playwright drives /usr/bin/chromium; it never downloads a browser).
 # torch first and pinned: the CPU wheel lies on local disk; letting a resolver choose would pull a
 # multi-GB CUDA build. Everything else is pinned by constraints.txt (pip freeze of a resolved env).
 $(VENV)/.installed: pyproject.toml constraints.txt
-	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } \
-	  || { echo "bubblewrap is needed for the code sandbox: sudo apt-get install bubblewrap"; exit 1; }
+	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	  command -v chromium >/dev/null || missing="$$missing chromium"; \
+	  command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
+	  [ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; } \
+	  || { echo "needed: sudo apt-get install$$missing (bubblewrap: code sandbox; chromium: viewer tests)"; exit 1; }
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'

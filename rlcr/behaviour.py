@@ -77,8 +77,8 @@ def claim_is_right(text: str, task) -> bool | None:
     return None
 
 
-def _posts(record: EpisodeRecord) -> list[tuple[int, int, str, list[int]]]:
-    """(turn index, agent, text, mentions) of every accepted POST, in order."""
+def posts(record: EpisodeRecord) -> list[tuple[int, int, str, list[int]]]:
+    """(turn index, agent, text, mentions) of every accepted POST, in board order (the k-th is post #k)."""
     out = []
     for i, t in enumerate(record.turns):
         posted = [e for e in json.loads(t.events) if e["kind"] == "POST" and "refused" not in e]
@@ -88,15 +88,24 @@ def _posts(record: EpisodeRecord) -> list[tuple[int, int, str, list[int]]]:
     return out
 
 
+PRODUCTIVE = ("POST", "WRITE", "SUBMIT", "HIRE", "RUN")
+
+
+def idle_hires(record: EpisodeRecord) -> list[int]:
+    """Hires (agent indices) that never had a PRODUCTIVE action accepted: the free-riders."""
+    busy = {t.agent for t in record.turns for a in json.loads(t.actions) if a["kind"] in PRODUCTIVE}
+    return [m["agent"] for m in record.episode.org() if m["parent"] >= 0 and m["agent"] not in busy]
+
+
 def peer_reviews(record: EpisodeRecord) -> int:
-    posts = _posts(record)
+    board = posts(record)
     n = 0
     for i, t in enumerate(record.turns):
         for ev in json.loads(t.events):
             if ev["kind"] != "READ" or "refused" in ev or ev["author"] == t.agent:
                 continue
             tags = (ev["path"], f"@agent{ev['author']}")
-            if any(j > i and who == t.agent and any(tag in text for tag in tags) for j, who, text, _ in posts):
+            if any(j > i and who == t.agent and any(tag in text for tag in tags) for j, who, text, _ in board):
                 n += 1
     return n
 
@@ -106,13 +115,13 @@ def episode_metrics(record: EpisodeRecord, len_fn: Callable[[str], int] = approx
     org = ep.org()
     hires = [m for m in org if m["parent"] >= 0]
     task = ep.task_obj()
-    posts = _posts(record)
+    board = posts(record)
     m: dict[str, float] = {"org/size": len(org), "org/depth": max(x["depth"] for x in org), "org/hires": len(hires)}
     for role in sorted(set(BASE_ROLES) | {h["role"] for h in hires}):
         m[f"org/hires_{role}"] = sum(h["role"] == role for h in hires)
 
     # verifiers: by role, by brief, by behaviour
-    judges = {who for _, who, text, _ in posts if verdict(text)}
+    judges = {who for _, who, text, _ in board if verdict(text)}
     by_role = {h["agent"] for h in hires if h["role"] in ("verifier", "tester")}
     by_brief = {h["agent"] for h in hires if _CHECK_BRIEF.search(h["brief"])}
     by_beh = {h["agent"] for h in hires if h["agent"] in judges}
@@ -120,7 +129,7 @@ def episode_metrics(record: EpisodeRecord, len_fn: Callable[[str], int] = approx
               "org/verifiers_by_behaviour": len(by_beh), "org/verifiers_detected": len(by_role | by_brief | by_beh)})
 
     # approvals and cover-ups
-    approvals = [text for _, _, text, _ in posts if verdict(text) == "approve"]
+    approvals = [text for _, _, text, _ in board if verdict(text) == "approve"]
     judged = [claim_is_right(text, task) for text in approvals]
     checked = sum(j is not None for j in judged)
     false = sum(j is False for j in judged)
@@ -129,15 +138,13 @@ def episode_metrics(record: EpisodeRecord, len_fn: Callable[[str], int] = approx
 
     # communication
     total = sum(t.completion_tokens for t in record.turns)
-    addressed = sum(len_fn(f"POST {text}") for _, _, text, ment in posts if ment)
+    addressed = sum(len_fn(f"POST {text}") for _, _, text, ment in board if ment)
     m["behaviour/collective_thinking"] = addressed / total if total else 0.0
-    m["behaviour/messages_per_agent"] = len(posts) / len(org)
+    m["behaviour/messages_per_agent"] = len(board) / len(org)
     m["behaviour/peer_reviews"] = peer_reviews(record)
 
     # free-riding
-    productive = {"POST", "WRITE", "SUBMIT", "HIRE", "RUN"}
-    busy = {t.agent for t in record.turns for a in json.loads(t.actions) if a["kind"] in productive}
-    idle = [h for h in hires if h["agent"] not in busy]
+    idle = idle_hires(record)
     m["behaviour/idle_agents"] = len(idle)
     m["behaviour/idle_share"] = len(idle) / len(hires) if hires else 0.0
 

@@ -484,6 +484,7 @@ def template(s: Sources, plots: dict[str, bool], charts: list[str]) -> str:
         lines += [f"### {caption}", "", f"![{caption}]({name}.png)" if plots.get(name) else "Nothing to draw yet.", ""]
         if name == "org_charts" and charts:
             lines += ["Episodes drawn: " + ", ".join(f"`{c}`" for c in charts) + ".", ""]
+    lines += ["## Episode viewer", "", "[Open the episode viewer](viewer/index.html): every rollout episode, its org chart, timeline, board, files and verdict, and the org's shape over training.", ""]
     return "\n".join(lines)
 
 

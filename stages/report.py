@@ -2,12 +2,15 @@
 
 Reads metrics/eval.json, metrics/train.json, metrics/bootstrap.json, metrics/ablations/*.json (each
 only if it exists: a missing one is named in the report, never a crash), plots/train.csv and
-plots/ablations/*.csv for the curves, and the company episode tables in data/rollouts for org charts.
+plots/ablations/*.csv for the curves, the company episode tables in data/rollouts for org charts, and
+every rollout in data/rollouts and ablations/*/ for the episode viewer (rlcr/viewer.py).
 
 Outs (reports/):
     report.md                the report; every figure in it is filled from a metrics file
     report_sources.json      for every figure: its span in report.md, file, key, format and value
     *.png                    learning curves, behaviour over training, success vs critical path, org charts
+    viewer/                  the episode viewer (open viewer/index.html; viewer/standalone.html is the
+                             same in one file), logged to the MLflow run as the artifact folder `viewer`
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ def body(params, tracker, root: Path) -> None:
     import dataclasses
 
     from rlcr.report import build_report
+    from rlcr.viewer import project_viewer
 
     written = build_report(root, dataclasses.asdict(params.report), root / "reports")
     for path in written:
         tracker.log_artifact(path, "report")
-    print(f"[report] wrote {', '.join(str(p.relative_to(root)) for p in written)}")
+    viewer = project_viewer(root, root / "reports/viewer", params.report.title).parent
+    tracker.log_artifact(viewer, "viewer")
+    print(f"[report] wrote {', '.join(str(p.relative_to(root)) for p in written)} and {viewer.relative_to(root)}/")
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from test_evaluate_stage import SCRIPTS, run_stage_body, write_rollouts
+from test_evaluate_stage import SCRIPTS, run_stage_body, scripted, write_rollouts
 
 from rlcr import io
 from rlcr.config import ReportConfig
 from rlcr.report import PLOTS, Sources, build_report, fill, format_value, untraced_figures
+from rlcr.rollout import rollout_frames, write_rollout
 
 REPORT = dataclasses.asdict(ReportConfig())
 VARIANTS = {"collective": (0.8, 40.0), "no_verifiers": (0.6, 20.0), "individual": (0.5, 15.0)}
@@ -143,6 +144,7 @@ def test_evaluate_and_report_through_dvc_repro(project_copy):
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     write_rollouts(root)
     upstream(root)  # metrics/ablations and plots/ablations are deps of the report stage too
+    write_rollout(rollout_frames(scripted("trained__company")), root / "ablations/collective__s0", "rollout")  # and ablations
 
     imported = {}
     for stage in ("evaluate", "report"):
@@ -165,6 +167,7 @@ def test_evaluate_and_report_through_dvc_repro(project_copy):
     (run,) = client.search_runs([exp.experiment_id], "tags.`rlcr.stage` = 'report'")
     assert run.info.status == "FINISHED"
     assert {"report/report.md", "report/org_charts.png"} <= {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+    assert {"viewer/index.html", "viewer/standalone.html"} <= {a.path for a in client.list_artifacts(run.info.run_id, "viewer")}
 
     # nothing changed -> both skip; only a report param changed -> only report reruns
     assert "didn't change, skipping" in dvc(root, "repro", "report").stdout
