@@ -197,7 +197,7 @@ def test_click_through_a_run_and_an_episode_matches_the_parquet(project, page, s
     assert "ep=" in page.url and not page.errors
 
 
-def test_filters_count_what_the_metrics_count_and_pages_turn(project, page):
+def test_filters_count_what_the_metrics_count_and_sort(project, page):
     records = read_parquet(project / "data/rollouts/trained__company.turns.parquet",
                            project / "data/rollouts/trained__company.parquet")
     metrics = [episode_metrics(r) for r in records]
@@ -302,7 +302,7 @@ def test_an_empty_viewer_says_so(tmp_path, page):
     assert "No training curves" in page.text_content("#curves-page .hint") and not page.errors
 
 
-def test_a_default_run_sized_viewer_opens_fast(tmp_path, page, shots):
+def test_a_default_run_sized_viewer_pages_and_opens_fast(tmp_path, page, shots):
     """A default run rolls out 112 eval tasks per policy x org: 448 episodes. Here the same count: a
     company run of 336 episodes of verify organisations of up to 8 agents, and a single-agent run of 112."""
     tasks = sum_tasks(112)
