@@ -30,8 +30,8 @@ from rlcr.config import OrgConfig, RewardConfig
 from rlcr.org.board import Board, render_post
 from rlcr.org.protocol import KEYWORDS, Action, mentions, one_line, parse_turn, quote_block
 from rlcr.org.records import EpisodeRecord, EpisodeRow, TurnRow
-from rlcr.org.sandbox import SandboxUnavailable
 from rlcr.org.workspace import Workspace
+from rlcr.sandbox import SandboxUnavailable
 from rlcr.tasks import Task, verify
 
 LengthFn = Callable[[str], int]
