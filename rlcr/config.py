@@ -335,6 +335,8 @@ class OrgConfig:
     """A board post or a brief longer than this is cut to it (and counted)."""
     max_file_chars: int = 8000
     """A file write larger than this is refused."""
+    max_answer_chars: int = 2000
+    """A SUBMIT answer longer than this is cut to it; the turn counts as malformed (event `cut`)."""
     max_files: int = 64
     """Files in the workspace at most; writes creating more are refused."""
     max_posts: int = 200
@@ -352,8 +354,8 @@ class OrgConfig:
 
     def __post_init__(self) -> None:
         for key in ("max_agents", "max_rounds", "token_budget", "max_turn_tokens", "max_obs_tokens",
-                    "context_tokens", "max_message_chars", "max_file_chars", "max_files", "max_posts",
-                    "max_actions_per_turn"):
+                    "context_tokens", "max_message_chars", "max_file_chars", "max_answer_chars", "max_files",
+                    "max_posts", "max_actions_per_turn"):
             if getattr(self, key) < 1:
                 _fail(f"org.{key}", f"must be >= 1, got {getattr(self, key)}")
         if self.max_depth < 0 or self.board_posts_shown < 0:

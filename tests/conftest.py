@@ -22,9 +22,9 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get(
 # tests never write to the project's own tracking db
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
-# what a copy of the project needs to run its stages (no data, models, state or venv)
-PROJECT_FILES = ["rlcr", "stages", "flows", "configs", "dvc.yaml", "params.yaml", "pyproject.toml", ".dvc/config",
-                 ".dvcignore", ".gitignore"]
+# what a copy of the project needs to run its stages (no generated data, models, state or venv)
+PROJECT_FILES = ["rlcr", "stages", "flows", "configs", "data/raw", "dvc.yaml", "params.yaml", "pyproject.toml",
+                 ".dvc/config", ".dvcignore", ".gitignore"]
 
 
 def copy_project(dest: Path) -> Path:

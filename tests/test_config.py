@@ -83,7 +83,7 @@ def test_stage_exits_2_naming_the_key_before_work(project_copy):
     proc = subprocess.run([sys.executable, "stages/prepare.py"], cwd=project_copy, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "prepare.shuffle: unknown key" in proc.stderr
-    assert not (project_copy / "data").exists()
+    assert not (project_copy / "data/tasks").exists()
     assert not (project_copy / "mlflow.db").exists()
 
 

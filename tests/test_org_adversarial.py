@@ -3,6 +3,7 @@ real (hostile completions through the scheduler, planted symlinks and hard links
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from itertools import permutations
@@ -112,6 +113,25 @@ def test_23_ten_megabyte_message_is_cut_before_any_prompt_and_counted():
     assert all('"cut": true' in t.events for t in flooded)  # the post was cut to max_message_chars
     assert all(len(t.prompt) <= 4 * 300 for t in rec.turns)  # never over the observation budget
     assert max(len(t.completion) for t in rec.turns) <= 4 * 200
+
+
+def test_23_megabyte_submit_of_a_policy_that_under_reports_tokens_is_cut_and_counted():
+    class Liar:  # claims 1 token for 1 MB, so the scheduler's token cut does not apply
+        def generate_batch(self, reqs):
+            return [Generation("SUBMIT " + "9" * 1_000_000, completion_tokens=1) for _ in reqs]
+
+    cfg = OrgConfig(max_rounds=2, max_answer_chars=2000)
+    rec = run_episodes([TASK], Liar(), cfg)[0]
+    (turn,) = rec.turns
+    assert len(rec.episode.answer) == 2000 and rec.episode.submitted and rec.episode.outcome == 0.0
+    assert turn.malformed and rec.episode.malformed_turns == 1
+    assert json.loads(turn.events)[0]["cut"] is True and "cut to 2000" in turn.errors
+
+
+def test_23_a_refused_second_submit_counts_as_malformed():
+    rec = run_episodes([TASK], Replay({(0, 1): "SUBMIT 204\nSUBMIT 205"}), OrgConfig(max_rounds=2))[0]
+    assert rec.episode.answer == "204" and rec.episode.outcome == 1.0
+    assert rec.turns[0].malformed and "already submitted" in rec.turns[0].errors
 
 
 # ---------------------------------------------------------------- 24: control text in messages

@@ -8,13 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
+from helpers import sandbox_processes
 
 from rlcr.config import OrgConfig
 from rlcr.org import run_episodes
 from rlcr.org.episode import Generation, Request
 from rlcr.org.runner import SandboxRunner, describe, tail
-from rlcr.org.sandbox import SandboxResult, SandboxUnavailable
 from rlcr.org.scripted import Replay, read_view
+from rlcr.sandbox import SandboxResult, SandboxUnavailable
 from rlcr.tasks import build_family
 
 TASK4 = build_family("sum").generate(0, 1, 3)[0]  # 68+57+42+37 = 204
@@ -115,3 +116,28 @@ def test_describe_and_tail_are_plain_text_rules():
     assert "x" * 10 in out and "y" * 90 in out and "y" * 91 not in out and "first 910 cut" in out
     with pytest.raises(ValueError, match="positive"):
         SandboxRunner(timeout_s=0)
+
+
+@dataclass
+class PerEpisode:
+    """Replay policies by episode id: episodes of one rollout that act differently."""
+
+    scripts: dict[str, Replay]
+
+    def generate_batch(self, requests: Sequence[Request]) -> list[Generation]:
+        return [self.scripts[r.episode_id].generate_batch([r])[0] for r in requests]
+
+
+def test_200_runs_in_one_round_of_64_episodes_all_run():
+    # each run forks a child that outlives it: every process of every run must be gone before the next
+    program = "import os, time\nif os.fork() == 0:\n    time.sleep(30)\nprint(len(open('main.py').read()))\n"
+    runs = [4 if i < 8 else 3 for i in range(64)]  # 8 * 4 + 56 * 3 = 200, all in round 2
+    ids = [f"e{i}" for i in range(64)]
+    pol = PerEpisode({e: Replay({(0, 1): "WRITE main.py\n" + program, (0, 2): "\n".join(["RUN main.py"] * n),
+                                 (0, 3): "SUBMIT 204"}) for e, n in zip(ids, runs, strict=True)})
+    recs = run_episodes([TASK4] * 64, pol, CFG, runner=SandboxRunner(timeout_s=5), episode_ids=ids)
+    events = [ev for r in recs for ev in json.loads(r.turns[1].events)]
+    assert len(events) == 200 and all(ev["kind"] == "RUN" and "refused" not in ev for ev in events)
+    shown = [r.turns[2].prompt for r in recs]
+    assert sum(p.count("RUN main.py: exit code 0") for p in shown) == 200
+    assert all(r.episode.outcome == 1.0 for r in recs) and sandbox_processes() == []

@@ -89,3 +89,25 @@ def test_failing_stage_marks_run_failed_and_keeps_lock(project_copy, tmp_path):
     assert (root / "dvc.lock").read_text() == lock
     assert not (root / "data/tasks/train.parquet").exists()  # no stale out a later stage could trust
     assert stage_runs(root)[-1].info.status == "FAILED"
+
+
+def test_one_byte_change_to_a_data_file_reruns_prepare(project_copy):
+    root = project_copy
+    rows = [json.dumps({"question": f"What is {i} plus one?", "answer": str(i + 1)}) for i in range(20)]
+    data_file = root / "data/raw/mine.jsonl"
+    data_file.write_text("\n".join(rows) + "\n")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["profile"] = "quick"
+    params["profiles"]["quick"]["prepare"] = {  # the quick profile on the user's file alone: seconds
+        "train": [{"name": "jsonl/mine", "n": 20, "options": {"path": "data/raw/mine.jsonl"}}],
+        "eval": [{"name": "sum", "n": 4, "difficulties": [1]}]}
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    dvc(root, "repro", "prepare")
+    before = (root / "data/tasks/train.parquet").read_bytes()
+
+    text = data_file.read_bytes()
+    at = text.index(b'"answer": "1"') + len(b'"answer": "')
+    data_file.write_bytes(text[:at] + b"7" + text[at + 1:])  # one byte: the answer 1 becomes 7
+    rerun = dvc(root, "repro", "prepare")
+    assert "Running stage 'prepare'" in rerun.stdout
+    assert (root / "data/tasks/train.parquet").read_bytes() != before

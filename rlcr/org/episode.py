@@ -30,8 +30,8 @@ from rlcr.config import OrgConfig, RewardConfig
 from rlcr.org.board import Board, render_post
 from rlcr.org.protocol import KEYWORDS, Action, mentions, one_line, parse_turn, quote_block
 from rlcr.org.records import EpisodeRecord, EpisodeRow, TurnRow
-from rlcr.org.sandbox import SandboxUnavailable
 from rlcr.org.workspace import Workspace
+from rlcr.sandbox import SandboxUnavailable
 from rlcr.tasks import Task, verify
 
 LengthFn = Callable[[str], int]
@@ -264,8 +264,11 @@ class EpisodeState:
         if kind == "SUBMIT":
             if self.answer is not None:
                 why = f"agent{self.submitter} already submitted this round"
-                return {"kind": kind, "refused": why}, why, False
-            self.answer, self.submitter = act.arg, a.id
+                return {"kind": kind, "refused": why}, why, True
+            self.answer, self.submitter = act.arg[: cfg.max_answer_chars], a.id
+            if len(act.arg) > cfg.max_answer_chars:  # cut, recorded, and the turn counted as malformed
+                why = f"answer of {len(act.arg)} chars cut to {cfg.max_answer_chars}"
+                return {"kind": kind, "answer": self.answer, "cut": True, "chars": len(act.arg)}, why, True
             return {"kind": kind, "answer": act.arg}, None, False
         if kind == "DONE":
             a.done = True

@@ -1,7 +1,7 @@
 """The code runner behind the RUN action: run a workspace file in the sandbox, describe the result.
 
 `SandboxRunner()` is a `rlcr.org.episode.Runner`: `(files, path) -> observation text`. It hands the
-workspace's committed files to `rlcr.org.sandbox.run_python` (the file at `path` as the entry, every
+workspace's committed files to `rlcr.sandbox.run_python` (the file at `path` as the entry, every
 other file alongside it, so `import helper` works) and turns the result into a short text the agent
 sees next round:
 
@@ -14,7 +14,7 @@ A program that runs past `timeout_s` is killed and reported as `timed out after 
 episode goes on. Output is cut to its TAIL (the end of a traceback and the last prints are what an
 agent needs), the two streams sharing `max_chars`; what was cut is said, never silent.
 
-Covers: everything `rlcr.org.sandbox` covers (time, memory, processes, output size, network,
+Covers: everything `rlcr.sandbox` covers (time, memory, processes, output size, network,
 secrets) for each RUN; one run cannot change the workspace (files the program writes are thrown
 away with its sandbox, so all changes go through WRITE and its guards); a file that is not in the
 workspace is an error for the agent, never a crash.
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlcr.org.sandbox import SandboxLimits, SandboxResult, run_python
+from rlcr.sandbox import SandboxLimits, SandboxResult, run_python
 
 
 def tail(text: str, limit: int) -> tuple[str, int]:

@@ -2,7 +2,7 @@
 
 The prompt is the function signature and docstring; the answer is either a completion of that
 prompt or a whole definition of the entry point. Scoring runs the pristine tests from the task row
-(never files from the agents' workspace) in the sandbox (`rlcr.org.sandbox`), so edited tests,
+(never files from the agents' workspace) in the sandbox (`rlcr.sandbox`), so edited tests,
 conftest files or `sys.exit(0)` inside the answer cannot fake a pass: the harness checks that the
 program reached its own end marker.
 """
@@ -104,7 +104,7 @@ def verify_code(task: Task, answer: str) -> float:
         return 0.0
     import secrets
 
-    from rlcr.org.sandbox import run_python
+    from rlcr.sandbox import run_python  # only grading needs it (prepare builds tasks without it)
 
     marker = f"rlcr-pass-{secrets.token_hex(16)}"
     result = run_python(build_program(task, answer, marker), timeout_s=float(task.meta.get("timeout_s", 10.0)))
