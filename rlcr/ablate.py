@@ -198,7 +198,7 @@ class VariantRun:
 def run_variant(params: Params, variant: str, start: Path, train_tasks: Sequence[Task], eval_tasks: Sequence[Task],
                 work: Path, tracker, ckpt_dir: Path, log=print) -> VariantRun:
     """Train from `start` into `work/policy` (params already carry the variant's overrides), roll the
-    policy out on the eval tasks, evaluate."""
+    policy out on the eval tasks of the trained families, evaluate."""
     from rlcr.evaluate import RunFrames, evaluate, spec_metrics
     from rlcr.rollout import rollout_policy, select_tasks
     from rlcr.train.loop import train
@@ -206,12 +206,14 @@ def run_variant(params: Params, variant: str, start: Path, train_tasks: Sequence
     t0 = time.perf_counter()
     result = train(params, start, train_tasks, work / "policy", tracker, ckpt_dir=ckpt_dir, log=log, register=False)
     t1 = time.perf_counter()
-    tasks = select_tasks(eval_tasks, params.ablate.max_tasks_per_family)
+    trained = frozenset(t.family for t in train_tasks)
+    # the trained families only: transfer probes are the main rollouts' business, not the ablations'
+    tasks = select_tasks([t for t in eval_tasks if t.family in trained], params.ablate.max_tasks_per_family)
     org_mode = VARIANTS[variant].org_mode
     log(f"[ablate] {variant}: rollout of the trained policy as {org_mode} on {len(tasks)} eval tasks")
     records = rollout_policy(tasks, work / "policy", org_mode, params, params.rollout.seed)
     t2 = time.perf_counter()
-    ev = evaluate({variant: RunFrames.from_records(records)}, params.evaluate)
+    ev = evaluate({variant: RunFrames.from_records(records)}, params.evaluate, trained)
     return VariantRun(result.history, result.resumed_from, records, {**spec_metrics(params.evaluate, 1), **ev.metrics},
                       {"train": t1 - t0, "rollout": t2 - t1})
 

@@ -163,6 +163,7 @@ def episode_metrics(record: EpisodeRecord, len_fn: Callable[[str], int] = approx
 
 _POOLED = {
     "behaviour/false_approval_rate": ("behaviour/false_approvals", "behaviour/approvals_checked"),
+    "behaviour/idle_share": ("behaviour/idle_agents", "org/hires"),
     "behaviour/malformed_rate": ("behaviour/malformed_turns", "behaviour/turns"),
     "time/critical_path_ratio": ("time/critical_path_tokens", "time/total_tokens"),
 }
@@ -170,14 +171,19 @@ _POOLED = {
 
 def aggregate(per_episode: list[dict[str, float]]) -> dict[str, float]:
     """Means over episodes (a key missing in an episode counts 0); rates pooled from their counts
-    (false approvals / checked approvals, malformed / turns, critical path / total tokens)."""
+    (false approvals / checked approvals, idle hires / hires, malformed / turns, critical path / total
+    tokens). A rate with no events under it (no checked approval, no hire) is left out, never 0: its
+    count (`behaviour/approvals_checked`, `org/hires`, ...) says why."""
     if not per_episode:
         return {"episodes": 0.0}
     keys = sorted({k for m in per_episode for k in m})
     out = {k: sum(m.get(k, 0.0) for m in per_episode) / len(per_episode) for k in keys}
     for rate, (num, den) in _POOLED.items():
-        d = sum(m.get(den, 0.0) for m in per_episode)
-        out[rate] = sum(m.get(num, 0.0) for m in per_episode) / d if d else 0.0
+        n, d = sum(m.get(num, 0.0) for m in per_episode), sum(m.get(den, 0.0) for m in per_episode)
+        out.pop(rate, None)
+        if d:
+            out[rate] = n / d
+        out[f"{num}_total"], out[f"{den}_total"] = n, d  # the event counts behind the rate
     out["episodes"] = float(len(per_episode))
     return out
 

@@ -201,6 +201,11 @@ class BootstrapConfig:
     copying numbers and adding them, as every role's turn does, without the ~400-token observation."""
     drill_batch_size: int = 64
     """Drill examples per drill step (each ~30 tokens)."""
+    drill_first: int = 0
+    """tiny only: steps of the drill ALONE before the mixed steps (a curriculum: arithmetic first, with
+    its own warmup and cosine schedule). Measured on 2 cores: 1200 drill-only steps brought held-out
+    two-term sums to 99% and four-term chains to 78%, while 1000 drill steps mixed into 2000 trace
+    steps left them at 69% and 3%."""
     eval_tasks: int = 64
     """Held-out built-in sum tasks for the quick check after bootstrap (metrics/bootstrap.json); 0 = none."""
     lr: float = 1e-3
@@ -217,6 +222,8 @@ class BootstrapConfig:
     """Seed of data order and dropout."""
 
     def __post_init__(self) -> None:
+        if self.drill_first < 0:
+            _fail("bootstrap.drill_first", f"must be >= 0, got {self.drill_first}")
         for key in ("steps", "batch_size", "episodes", "drill_batch_size"):
             if getattr(self, key) < 1:
                 _fail(f"bootstrap.{key}", f"must be >= 1, got {getattr(self, key)}")
@@ -264,6 +271,10 @@ class ModelConfig:
     context: int = 1024
     """Context in tokens. tiny: the model's max_position_embeddings; smollm2/hf: a cap, the engine
     uses min(context, the model's max_position_embeddings)."""
+    tokenizer: Literal["char", "words", "numbers"] = "numbers"
+    """tiny only: `char` (one token a character), `words` (characters plus one token for each word of
+    the protocol and the observation templates) or `numbers` (`words` plus one token for each integer
+    10-99), see rlcr/policy/tokenizer.py for what each measured."""
     path: str = ""
     """smollm2: where the converted fp32 folder is cached (empty: models/base/smollm2);
     hf: the local HF folder to load (required)."""

@@ -24,6 +24,10 @@ tokens), seconds_ratio (real time), critical_path_ratio (a's modelled time / b's
 episode's time is its critical path and a single agent's its total tokens) with its CI, and, when
 both runs have turn frames, false_approval_rate_diff and idle_agents_per_hire_diff (a - b) with CIs.
 
+Transfer probes: given the trained families, everything above is computed on the episodes of those
+families only, and the other families' episodes give `<run>/transfer/success` (pooled) and
+`<run>/transfer/family/<name>/...`, never mixed into a headline figure.
+
 `read_run` loads a run from data/rollouts (real seconds from its `.timing.parquet`), `spec_metrics`
 records how the numbers were made (`eval/level`, ...), `plot_frames` gives the DVC plot tables.
 
@@ -304,12 +308,48 @@ def comparisons(tables: Mapping[str, pd.DataFrame], spec: EvalSpec) -> dict[str,
 # ---------------------------------------------------------------------------------- the whole
 
 
-def evaluate(runs: Mapping[str, RunFrames], spec: EvalSpec | None = None) -> Evaluation:
-    """Metrics of every run given and every comparison whose two runs are both given."""
+def split_transfer(frames: RunFrames, trained: frozenset[str] | None) -> tuple[RunFrames, RunFrames | None]:
+    """(the episodes of trained families, those of the other families or None): transfer probes are
+    kept apart, so a family the policy never saw cannot dilute or decide the trained families' figures."""
+    if trained is None:
+        return frames, None
+    seen = frames.episodes["family"].astype(str).isin(trained)
+    if seen.all():
+        return frames, None
+
+    def part(mask) -> RunFrames:
+        eps = frames.episodes[mask.to_numpy()]
+        turns = frames.turns
+        if turns is not None:
+            turns = turns[turns["episode_id"].isin(set(eps["episode_id"]))]
+        return RunFrames(eps.reset_index(drop=True), None if turns is None else turns.reset_index(drop=True))
+
+    return part(seen), part(~seen)
+
+
+def transfer_metrics(run: str, probe: RunFrames, spec: EvalSpec) -> dict[str, float]:
+    """`<run>/transfer/...`: success of the probe families pooled and per family (no comparisons)."""
+    table = episode_table(probe.episodes)
+    out = {f"{run}/transfer/{k}": v for k, v in group_metrics(table, spec).items()}
+    for fam, g in table.groupby("family", sort=True):
+        out.update({f"{run}/transfer/family/{fam}/{k}": v for k, v in group_metrics(g, spec).items()})
+    return out
+
+
+def evaluate(runs: Mapping[str, RunFrames], spec: EvalSpec | None = None,
+             trained: frozenset[str] | None = None) -> Evaluation:
+    """Metrics of every run given and every comparison whose two runs are both given. With `trained`
+    (the families of the train split), every figure and comparison is on those families only and the
+    other families are reported apart as transfer probes (`transfer_metrics`)."""
     spec = spec or EvalSpec()
     metrics: dict[str, float] = {}
     rows: list[dict] = []
-    tables = {run: run_table(runs[run]) for run in sorted(runs)}
+    tables = {}
+    for run in sorted(runs):
+        main, probe = split_transfer(runs[run], trained)
+        if probe is not None:
+            metrics.update(transfer_metrics(run, probe, spec))
+        tables[run] = run_table(main)
     for run, table in tables.items():
         m, r = run_metrics(run, table, spec)
         metrics.update(m)

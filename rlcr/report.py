@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 EVAL, TRAIN, BOOT, PARAMS = "metrics/eval.json", "metrics/train.json", "metrics/bootstrap.json", "params.yaml"
+SEEDS = "reports/ablation_summary.json"
+"""Derived by this module from metrics/ablations (`ablation_summary`), written next to the report."""
 ABLATIONS = "metrics/ablations"
 PLACEHOLDER = re.compile(r"\{\{(?P<file>[^{}]+?)::(?P<key>[^{}]+?)::(?P<fmt>[^{}]*?)\}\}")
 NOT_FIGURES = re.compile(r"`[^`\n]*`|\bQ[1-5]\b|\]\([^)\n]*\)")
@@ -277,6 +279,57 @@ def _disjoint(s: Sources, fa: str, ka: str, fb: str, kb: str) -> int:
     return 1 if a[0] > b[1] else -1 if a[1] < b[0] else 0
 
 
+def _by_seed(s: Sources) -> dict[str, dict[str, str]]:
+    """{variant: {seed label: file}} of all ablation runs."""
+    out: dict[str, dict[str, str]] = {}
+    for f in s.ablation_files():
+        v = s.files[f].get("variant")
+        if isinstance(v, str):
+            out.setdefault(v, {})[f.rsplit("__s", 1)[-1].removesuffix(".json")] = f
+    return out
+
+
+SEED_METRICS = ("success", "accuracy_per_1k_tokens", "behaviour/false_approval_rate", "behaviour/idle_agents_per_hire")
+
+
+def ablation_summary(s: Sources) -> dict[str, float]:
+    """Across-seed figures (`rlcr.stats.across_seeds`: mean, t-interval over seeds, min, max, seeds)
+    of every variant's SEED_METRICS, `<variant>/<metric>/<stat>`, and of each variant's difference
+    from `collective` on the same seed, `collective_vs_<variant>/<metric>_diff/<stat>`."""
+    from rlcr.stats import across_seeds
+
+    def value(v: str, f: str, metric: str) -> float | None:
+        k = _variant_key(s.files[f], v, metric)
+        return s.get(f, k) if k else None
+
+    out: dict[str, float] = {}
+    runs = _by_seed(s)
+    for v, seeds in sorted(runs.items()):
+        for metric in SEED_METRICS:
+            vals = [x for f in seeds.values() if (x := value(v, f, metric)) is not None]
+            if vals:
+                out.update({f"{v}/{metric}/{k}": x for k, x in across_seeds(vals).items()})
+        if v == "collective" or "collective" not in runs:
+            continue
+        for metric in ("success", "accuracy_per_1k_tokens"):
+            diffs = []
+            for seed in sorted(set(seeds) & set(runs["collective"])):
+                a, b = value("collective", runs["collective"][seed], metric), value(v, seeds[seed], metric)
+                if a is not None and b is not None:
+                    diffs.append(a - b)
+            if diffs:
+                out.update({f"collective_vs_{v}/{metric}_diff/{k}": x for k, x in across_seeds(diffs).items()})
+    return out
+
+
+def _seed_ci(s: Sources, key: str, fmt: str = ".2f") -> str:
+    """`mean [t-interval] over n seeds` from the summary, or n/a."""
+    if not s.has(SEEDS, f"{key}/mean"):
+        return "n/a"
+    return (f"{s.ref(SEEDS, f'{key}/mean', fmt)} [{s.ref(SEEDS, f'{key}/ci_low', fmt)}, "
+            f"{s.ref(SEEDS, f'{key}/ci_high', fmt)}]")
+
+
 def q3(s: Sources) -> Finding:
     body, signs, evidence = [], [], ""
     with_v, without = _ablation(s, "collective"), _ablation(s, "no_verifiers")
@@ -318,6 +371,17 @@ def q3(s: Sources) -> Finding:
     if not signs:
         return Finding("no data", "no ablation and no company run with and without verifiers",
                        body + ["Neither evidence is available yet."])
+    key = f"collective_vs_no_verifiers/{metric}_diff"
+    if (s.get(SEEDS, f"{key}/seeds") or 0) >= 2:
+        # across seeds: the per-seed differences' t-interval decides (seed-to-seed spread included)
+        t = side(s.get(SEEDS, f"{key}/ci_low"), s.get(SEEDS, f"{key}/ci_high"), 0.0)
+        answer = {1: "yes", -1: "no", 0: "cannot say"}[t]
+        evidence = (f"with minus without verifiers, per thousand tokens: {_seed_ci(s, key, '+.2f')} over "
+                    f"{s.ref(SEEDS, f'{key}/seeds', 'd')} seeds")
+        why = {"yes": "the across-seed interval of the difference lies above zero",
+               "no": "the across-seed interval of the difference lies below zero",
+               "cannot say": "the across-seed interval of the difference includes zero"}[answer]
+        return Finding(answer, evidence, body + [f"Across seeds: {evidence}.", "", f"**{answer}**: {why}."])
     answer = "yes" if all(x > 0 for x in signs) else "no" if all(x < 0 for x in signs) else "cannot say"
     why = {"yes": "every interval with verifiers lies above the one without",
            "no": "every interval with verifiers lies below the one without",
@@ -359,10 +423,18 @@ def q5(s: Sources) -> Finding:
     runs = [r for r in eval_runs(s) if any(s.has(EVAL, f"{r}/{k}_ci_low") for k, _ in rates)]
     if not runs:
         return Finding("no data", "no company run with turn records", ["No run with turn records was evaluated."])
-    body = ["| run | " + " | ".join(d for _, d in rates) + " |", "|---|---|---|"]
+    counts = {"behaviour/false_approval_rate": ("behaviour/false_approvals_total", "behaviour/approvals_checked_total"),
+              "behaviour/idle_agents_per_hire": ("behaviour/idle_agents_total", "org/hires_total")}
+
+    def cell(r: str, k: str) -> str:
+        num, den = (f"{r}/{c}" for c in counts[k])
+        n = f" ({s.ref(EVAL, num, 'd')} of {s.ref(EVAL, den, 'd')})" if s.has(EVAL, num, den) else ""
+        return (s.ci(EVAL, f"{r}/{k}") if s.has(EVAL, f"{r}/{k}_ci_low") else "n/a") + n
+
+    body = ["Each rate with its events (numerator of denominator); n/a where nothing was there to count.", "",
+            "| run | " + " | ".join(d for _, d in rates) + " |", "|---|---|---|"]
     for r in runs:
-        body.append(f"| `{r}` | " + " | ".join(s.ci(EVAL, f"{r}/{k}") if s.has(EVAL, f"{r}/{k}_ci_low") else "n/a"
-                                               for k, _ in rates) + " |")
+        body.append(f"| `{r}` | " + " | ".join(cell(r, k) for k, _ in rates) + " |")
     body.append("")
     signs, evidence = [], []
     for comp, org in policy_comparisons(s):
@@ -377,8 +449,10 @@ def q5(s: Sources) -> Finding:
     for variant in ("collective", "individual"):
         for seed, f in sorted(_ablation(s, variant).items()):
             kf = _variant_key(s.files[f], variant, "behaviour/false_approval_rate")
-            if kf:
-                body.append(f"- ablation `{variant}` seed `{seed}`: false-approval rate {s.ci(f, kf)}.")
+            kc = _variant_key(s.files[f], variant, "behaviour/approvals_checked_total")
+            checked = f" of {s.ref(f, kc, 'd')} checked approvals" if kc else ""
+            rate = s.ci(f, kf) if kf else "n/a"
+            body.append(f"- ablation `{variant}` seed `{seed}`: false-approval rate {rate}{checked}.")
     if not signs:
         return Finding("cannot say", "no trained policy to compare with the baseline",
                        body + ["", "**cannot say**: without a trained policy nothing shows what collective reward taught; "
@@ -415,17 +489,22 @@ def runs_table(s: Sources) -> list[str]:
     return out
 
 
-def family_table(s: Sources) -> list[str]:
+def family_table(s: Sources, transfer: bool = False) -> list[str]:
+    """Success per family and run: the trained families, or (`transfer`) the probes the policy never
+    trained on (`<run>/transfer/family/...`)."""
     runs = eval_runs(s)
-    fams = sorted({k.split("/family/")[1].rsplit("/", 1)[0] for k in s.files.get(EVAL, {})
-                   if "/family/" in k and k.endswith("/success") and k.split("/")[0] in runs})
+    part = "/transfer/family/" if transfer else "/family/"
+    fams = sorted({k.split(part)[1].rsplit("/", 1)[0] for k in s.files.get(EVAL, {})
+                   if part in k and k.endswith("/success") and k.split("/")[0] in runs
+                   and (transfer or "/transfer/" not in k)})
     if not fams:
         return []
     out = ["| family | " + " | ".join(f"`{r}`" for r in runs) + " |", "|---" * (len(runs) + 1) + "|"]
     for fam in fams:
-        cells = [s.show(EVAL, f"{r}/family/{fam}/success")
-                 for r in runs]
+        cells = [s.show(EVAL, f"{r}{part}{fam}/success") for r in runs]
         out.append(f"| `{fam}` | " + " | ".join(cells) + " |")
+    if transfer:
+        out.append("| all probes | " + " | ".join(s.show(EVAL, f"{r}/transfer/success") for r in runs) + " |")
     return out
 
 
@@ -444,6 +523,18 @@ def ablation_table(s: Sources) -> list[str]:
             cells.append(s.show(f, k) if k else "n/a")
         seed = s.ref(f, "seed", "d") if s.has(f, "seed") else "n/a"
         out.append(f"| `{v}` | {seed} | " + " | ".join(cells) + " |")
+    variants = sorted({k.split("/")[0] for k in s.files.get(SEEDS, {}) if k.endswith("/success/mean")
+                       and not k.startswith("collective_vs_")})
+    if variants:
+        out += ["", "Across seeds: mean with a t-interval over the seeds (their spread, not task resampling), and the "
+                "difference from `collective` on the same seeds.", "",
+                "| variant | seeds | company success | lowest seed | highest seed | `collective` minus variant |",
+                "|---|---|---|---|---|---|"]
+        for v in variants:
+            k = f"{v}/success"
+            diff = _seed_ci(s, f"collective_vs_{v}/success_diff", "+.2f")
+            out.append(f"| `{v}` | {s.ref(SEEDS, k + '/seeds', 'd')} | {_seed_ci(s, k)} | {s.ref(SEEDS, k + '/min')} | "
+                       f"{s.ref(SEEDS, k + '/max')} | {diff if v != 'collective' else 'n/a'} |")
     return out
 
 
@@ -475,7 +566,10 @@ def template(s: Sources, plots: dict[str, bool], charts: list[str]) -> str:
         lines += ["**Missing inputs**: " + ", ".join(f"`{m}`" for m in s.missing) + ".", ""]
     lines += ["## Summary", "", "| question | answer | key evidence |", "|---|---|---|"]
     lines += [f"| {q}: {text} | **{f.answer}** | {f.evidence} |" for q, text, f in findings]
-    lines += ["", "## Runs", "", *runs_table(s), "", "## Success per family", "", *(family_table(s) or ["n/a"]), "",
+    lines += ["", "## Runs", "", *runs_table(s), "", "## Success per family", "", "Trained families (every figure above and below is on these):", "",
+              *(family_table(s) or ["n/a"]), "", "## Transfer probes", "",
+              "Families the policy was never trained on, kept apart from every other figure:", "",
+              *(family_table(s, transfer=True) or ["None in this run."]), "",
               "## Training", "", *training_lines(s), ""]
     for q, text, f in findings:
         lines += [f"## {q}. {text}", "", *f.body, ""]
@@ -533,6 +627,8 @@ def build_report(root: Path, report_params: dict[str, Any], out_dir: Path) -> li
     from rlcr import io, plots
 
     s = Sources.load(root, report_params)
+    s.files[SEEDS] = ablation_summary(s)
+    io.write_json(s.files[SEEDS], out_dir / "ablation_summary.json")
     curves = _curves(root)
     charts = _sample_charts(root, s, report_params["sample_org_charts"])
     drawn = {"learning_curves": plots.learning_curves(curves, out_dir / "learning_curves.png"),
@@ -543,7 +639,7 @@ def build_report(root: Path, report_params: dict[str, Any], out_dir: Path) -> li
     text, spans = fill(template(s, drawn, [c[0] for c in charts]), s)
     io.write_json(spans, out_dir / "report_sources.json")
     io.write_text(text, out_dir / "report.md")
-    return [out_dir / "report.md", out_dir / "report_sources.json"] + [out_dir / f"{k}.png" for k, v in drawn.items() if v]
+    return [out_dir / "report.md", out_dir / "report_sources.json", out_dir / "ablation_summary.json"] + [out_dir / f"{k}.png" for k, v in drawn.items() if v]
 
 
 __all__ = ["NOT_FIGURES", "PLACEHOLDER", "QUESTIONS", "Finding", "Sources", "build_report", "fill", "format_value",

@@ -162,3 +162,19 @@ def paired_ratio_ci(a_by_task: Mapping[Hashable, Sequence[float]], b_by_task: Ma
 
 
 __all__ = ["ByTask", "Interval", "Stat", "bootstrap_ci", "mean", "paired_ci", "paired_diff_ci", "paired_ratio_ci"]
+
+
+def across_seeds(values: Sequence[float], level: float = 0.95) -> dict[str, float]:
+    """Spread of one figure over independent seeds (one value per seed): mean, a Student-t interval
+    on n - 1 degrees of freedom (the seed-to-seed variation, which task resampling within one run
+    cannot see), min, max and n. With one seed the interval is the value itself (no spread known)."""
+    from scipy import stats as st
+
+    x = np.asarray(list(values), dtype=float)
+    if x.size == 0:
+        raise ValueError("across_seeds needs at least one value")
+    out = {"mean": float(x.mean()), "min": float(x.min()), "max": float(x.max()), "seeds": float(x.size)}
+    if x.size == 1:
+        return {**out, "ci_low": out["mean"], "ci_high": out["mean"]}
+    half = float(st.t.ppf(0.5 + level / 2.0, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
+    return {**out, "ci_low": out["mean"] - half, "ci_high": out["mean"] + half}

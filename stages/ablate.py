@@ -12,7 +12,8 @@ Outs (<label> = <variant>__s<seed>):
 
 The run folder is built as ablations/.<label>.tmp and renamed into place at the end, and the metrics
 file is written last: a failed run leaves nothing a later stage could take for a result. Checkpoints
-live in .state/checkpoints/ablate/<key>-<iterations> (as in the train stage): a killed run resumes.
+live in .state/checkpoints/ablate/<key>-<iterations> (as in the train stage): a killed run resumes;
+they are deleted once the outs are written.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def body(params, tracker, root: Path, variant: str, seed: int, base) -> None:
         with io.atomic_path(root / f"plots/ablations/{label}.csv") as tmp:
             curve_frame(run.history).to_csv(tmp, index=False)
         io.write_json(metrics, root / f"metrics/ablations/{label}.json")
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # outs written: checkpoints only survive a kill
     m = metrics
     print(f"[ablate] {label}: train success {m['train/success_first']:.2f} -> {m['train/success_last']:.2f}; eval "
           f"success {m.get(f'{variant}/success', 0.0):.3f} on {m.get(f'{variant}/tasks', 0.0):.0f} tasks; "

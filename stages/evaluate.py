@@ -35,7 +35,11 @@ def body(params, tracker, root: Path) -> None:
         print(f"[evaluate] not rolled out (left out): {', '.join(missing)}")
     tracker.set_tags({"rlcr.eval.runs": ",".join(sorted(runs)), "rlcr.eval.missing": ",".join(missing)})
 
-    ev = evaluate(runs, cfg)
+    import pandas as pd
+
+    trained = frozenset(pd.read_parquet(root / "data/tasks/train.parquet", columns=["family"])["family"].astype(str))
+    print(f"[evaluate] trained families: {', '.join(sorted(trained))}; the others are transfer probes")
+    ev = evaluate(runs, cfg, trained)
     metrics = {**spec_metrics(cfg, len(runs)), **ev.metrics}
     tracker.log_metrics(metrics)
     out = root / "plots/eval"

@@ -10,12 +10,16 @@ Outs:
 
 Checkpoints are not outs: they live in `.state/checkpoints/train/<key>/`, where the key hashes the
 starting policy, the train tasks and every param that shapes the run (not `train.iterations`), so a
-killed run started again resumes, and a longer `train.iterations` continues the same run.
+killed run started again resumes exactly. They exist only to survive a kill: once the outs are
+written they are deleted, so every result comes from a run DVC can reproduce from its deps, never
+from a finished run left in `.state/` (`train/resumed_from` in metrics/train.json says whether a
+killed run was resumed).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -73,6 +77,7 @@ def body(params, tracker, root: Path) -> None:
     with io.atomic_path(root / "plots/train.csv") as tmp:
         curve_frame(result.history).to_csv(tmp, index=False)
     io.write_json(metrics, root / "metrics/train.json")
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # outs written: the run is DVC's to reproduce now
 
 
 def worker_body(params, tracker, root: Path) -> None:

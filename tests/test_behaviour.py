@@ -106,3 +106,14 @@ def test_scripted_rubber_stamp_verifiers_show_up_as_false_approvals():
     assert careful["behaviour/false_approvals"] == 0
     assert lazy["behaviour/false_approval_rate"] > 0.1
     assert lazy["rollout/outcome"] < careful["rollout/outcome"]
+
+
+def test_a_rate_with_no_events_is_left_out_and_its_counts_say_why(fixed):
+    solo = [m for m in (episode_metrics(fixed),) if m]  # an org that hired and checked
+    agg = aggregate(solo)
+    assert agg["behaviour/approvals_checked_total"] == solo[0]["behaviour/approvals_checked"]
+    empty = {**solo[0], "behaviour/approvals_checked": 0.0, "behaviour/false_approvals": 0.0, "org/hires": 0.0,
+             "behaviour/idle_agents": 0.0}
+    agg = aggregate([empty])
+    assert "behaviour/false_approval_rate" not in agg and "behaviour/idle_share" not in agg  # n/a, never 0.0
+    assert agg["behaviour/approvals_checked_total"] == 0 and agg["org/hires_total"] == 0

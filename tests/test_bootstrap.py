@@ -135,10 +135,28 @@ def test_drill_chains_are_true_and_only_the_worked_chain_carries_loss():
         seen.add(any(t < 0 for t in terms))
         digits.add(tuple(len(str(abs(t))) for t in terms))
     assert seen == {True, False}  # signed and unsigned sums
-    assert digits == {(2, 2, 2, 2), (2, 2), (3, 3), (1, 1), (1, 1, 1)}  # shaped like the given sums
+    assert digits == {(2, 2, 2, 2), (2, 2), (3, 3), (1, 1), (1, 1, 1)}  # exactly the given sums
     assert B.arithmetic_examples(50, TOK, 3, SHAPES) == B.arithmetic_examples(50, TOK, 3, SHAPES)
     with pytest.raises(ValueError, match="no sum among the train tasks"):
         B.arithmetic_examples(5, TOK, 3, [])
+
+
+def test_the_drill_never_shows_an_eval_prompt_and_draws_the_train_families_real_sums():
+    from rlcr.config import FamilySpec
+    from rlcr.tasks import build_family
+
+    evals = build_family("sum", {"digits": 1}).generate(0, 30, 1) + build_family("sum", {"digits": 1}).generate(0, 8, 3)
+    exclude = {t.prompt for t in evals}
+    specs = (FamilySpec("sum", 40, (1, 3), {"digits": 1}), FamilySpec("rg/gcd", 4))
+    fresh = B.drill_tasks(specs, seed=0, exclude=exclude, n=300)
+    assert fresh and not {t.prompt for t in fresh} & exclude and {t.family for t in fresh} == {"sum"}
+    shapes = B.sum_shapes(fresh)
+    drilled = {TOK.decode([i for i, m in zip(e.input_ids, e.loss_mask, strict=True) if not m])[len("<bos>"):-1]
+               for e in B.arithmetic_examples(4000, TOK, 0, shapes, exclude)}
+    assert not drilled & exclude  # not even as a sub-problem of a fresh task
+    # the real pair sums and combines: one-digit terms, partial sums of at most 18
+    assert all(abs(int(t)) <= 36 for e in drilled for t in re.findall(r"[-+]?\d+", e))
+    assert B.drill_tasks(specs, 0, exclude, 300) == fresh  # a pure function of its arguments
 
 
 def test_step_batches_spread_drill_steps_and_never_mix():

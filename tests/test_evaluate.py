@@ -216,3 +216,21 @@ def test_nest_refuses_clashing_keys():
     assert nest({"a/b": 1.0, "a/c": 2.0}) == {"a": {"b": 1.0, "c": 2.0}}
     with pytest.raises(ValueError, match="clashes"):
         nest({"a": 1.0, "a/b": 2.0})
+
+
+def test_transfer_families_are_kept_apart_from_every_headline_figure(records):
+    probe = build_family("rg/gcd").generate(0, 3, 1)
+    runs = {}
+    for run, recs in records.items():
+        extra = run_episodes(probe, ScriptedOrg("solo", seed=1), OrgConfig(single_agent=run.endswith("single")),
+                             episode_ids=[f"{t.id}#p" for t in probe])
+        runs[run] = RunFrames.from_records(recs + extra)
+    plain = evaluate({k: RunFrames.from_records(v) for k, v in records.items()}, EvalSpec(n_resamples=200))
+    apart = evaluate(runs, EvalSpec(n_resamples=200), trained=frozenset({"sum", "signed_sum"}))
+    mixed = evaluate(runs, EvalSpec(n_resamples=200))
+    key = "bootstrap__company/success"
+    assert apart.metrics[key] == plain.metrics[key] != mixed.metrics[key]  # probes do not dilute it
+    assert apart.metrics["compare/company_vs_single/bootstrap/tasks"] == len(TASKS)
+    assert apart.metrics["bootstrap__company/transfer/episodes"] == len(probe)
+    assert "bootstrap__company/transfer/family/rg/gcd/success" in apart.metrics
+    assert not any("/family/rg/" in k and "/transfer/" not in k for k in apart.metrics)

@@ -35,7 +35,11 @@ def scripted(run: str, tasks=TASKS, repeats: int = 2) -> list[EpisodeRecord]:
 
 
 def write_rollouts(root: Path, runs=tuple(SCRIPTS)) -> dict[str, list[EpisodeRecord]]:
-    """data/rollouts/<run>.{parquet,turns.parquet,timing.parquet} as the rollout stage writes them."""
+    """data/rollouts/<run>.{parquet,turns.parquet,timing.parquet} as the rollout stage writes them, and
+    data/tasks/train.parquet (the trained families the stage keeps apart from transfer probes)."""
+    from rlcr.tasks.suite import to_frame
+
+    io.write_parquet(to_frame(build_family("sum").generate(1, 8, 1), "train"), root / "data/tasks/train.parquet")
     out = {}
     for run in runs:
         records = scripted(run)

@@ -125,3 +125,18 @@ def test_task_order_of_a_mapping_does_not_change_the_interval():
     assert bootstrap_ci(data, seed=4) == bootstrap_ci(shuffled, seed=4)
     other = {k: [1.0 - v[0]] for k, v in data.items()}
     assert paired_diff_ci(data, other, seed=4) == paired_diff_ci(shuffled, dict(reversed(list(other.items()))), seed=4)
+
+
+def test_across_seeds_gives_a_t_interval_over_seeds():
+    from scipy import stats as st
+
+    from rlcr.stats import across_seeds
+
+    s = across_seeds([0.30, 0.40, 0.35])
+    half = st.t.ppf(0.975, 2) * np.std([0.30, 0.40, 0.35], ddof=1) / np.sqrt(3)
+    assert s["mean"] == pytest.approx(0.35) and s["ci_high"] - s["mean"] == pytest.approx(half)
+    assert (s["min"], s["max"], s["seeds"]) == (0.30, 0.40, 3.0)
+    assert across_seeds([0.2])["ci_low"] == across_seeds([0.2])["ci_high"] == 0.2  # one seed: no spread known
+    assert across_seeds([0.1, 0.1, 0.1])["ci_low"] == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        across_seeds([])

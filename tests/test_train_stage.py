@@ -134,3 +134,5 @@ def test_sigterm_mid_training_marks_the_run_killed_and_a_rerun_resumes(project_c
     resumed = json.loads((root / "metrics/train.json").read_text())["train/resumed_from"]
     assert resumed >= 1 and f"at iteration {int(resumed)}" in proc.stdout
     assert train_runs(root)[1][-1].info.status == "FINISHED"
+    # the finished run's checkpoints are gone: a later repro cannot resume a finished run from .state/
+    assert not any((root / ".state/checkpoints/train").glob("*/*")), "checkpoints left after the outs were written"

@@ -71,8 +71,11 @@ class EnginePolicy:
 
 def token_length_fn(tokenizer):
     """The organisation's length function for this tokenizer (observations are fitted with it)."""
-    from rlcr.policy.tokenizer import CHARS
+    from rlcr.policy.tokenizer import tokenizer_words, words_length
 
-    if tokenizer.chat_template is None and len(tokenizer) == 4 + len(CHARS):
+    words = tokenizer_words(tokenizer) if tokenizer.chat_template is None else None
+    if words == frozenset():
         return lambda text: len(text) + 1  # the char tokenizer: one token a character, plus <bos>
+    if words:
+        return lambda text: words_length(text, words) + 1  # the words tokenizer, counted in Python
     return lambda text: len(encode(tokenizer, text, bos=False))

@@ -21,15 +21,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from rlcr.config import PROJECT_ROOT, ModelConfig
-from rlcr.policy.tokenizer import build_char_tokenizer, encode, safe_text
+from rlcr.policy.tokenizer import build_tokenizer, encode, safe_text
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_tiny(cfg: ModelConfig, seed: int) -> tuple[LlamaForCausalLM, object]:
-    """A randomly initialised tiny Llama and its character tokenizer; same seed -> same weights."""
-    tok = build_char_tokenizer(model_max_length=cfg.context)
+    """A randomly initialised tiny Llama and its tokenizer (`cfg.tokenizer`); same seed -> same weights."""
+    tok = build_tokenizer(cfg.tokenizer, model_max_length=cfg.context)
     config = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=cfg.hidden_size,

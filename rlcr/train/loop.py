@@ -50,6 +50,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import nan
 from pathlib import Path
 from typing import Any
 
@@ -291,13 +292,18 @@ CURVE_COLUMNS = ("reward/mean", "rollout/success", "adv/std", "losses/pg", "loss
 the update's statistics and the behaviour of the company over training."""
 
 
+RATE_COLUMNS = ("behaviour/false_approval_rate", "behaviour/idle_share")
+"""Rates that have no value in an iteration without events (no checked approval, no hire): empty cells."""
+
+
 def curve_frame(history: Sequence[dict[str, float]]):
     """One row per iteration of `TrainResult.history`, `/` written `_`; a metric an iteration did not
-    log is 0 (e.g. no hire of that role)."""
+    log is 0 (e.g. no hire of that role), or empty for a rate with no events (RATE_COLUMNS)."""
     import pandas as pd
 
     cols = [k.replace("/", "_") for k in CURVE_COLUMNS]
-    rows = [{"iteration": i + 1, **{c: float(h.get(k, 0.0)) for k, c in zip(CURVE_COLUMNS, cols, strict=True)}}
+    rows = [{"iteration": i + 1, **{c: float(h.get(k, nan if k in RATE_COLUMNS else 0.0))
+                                    for k, c in zip(CURVE_COLUMNS, cols, strict=True)}}
             for i, h in enumerate(history)]
     return pd.DataFrame(rows, columns=["iteration", *cols])
 
