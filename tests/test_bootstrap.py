@@ -19,14 +19,14 @@ from rlcr.org.protocol import parse_turn
 from rlcr.policy.bridge import completion_ids, prompt_ids, token_length_fn
 from rlcr.policy.engine import Sampling
 from rlcr.policy.models import build_tiny, load_policy, save_policy
-from rlcr.policy.tokenizer import build_char_tokenizer
+from rlcr.policy.tokenizer import build_tokenizer
 from rlcr.policy.torch_engine import TorchEngine
 from rlcr.tasks import build_family
 from rlcr.train import bootstrap as B
 from rlcr.train.sft import train_sft
 
 PARAMS = load_params()
-TOK = build_char_tokenizer()
+TOK = build_tokenizer("numbers")  # the tiny default
 LEN = token_length_fn(TOK)
 STEPS = int(os.environ.get("RLCR_TEST_SFT_STEPS", 100))
 

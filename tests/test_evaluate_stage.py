@@ -176,6 +176,7 @@ def test_stage_writes_metrics_table_and_plots_and_skips_missing_runs(rolled, tmp
 
 
 def test_stage_without_any_rollout_writes_an_empty_evaluation(tmp_path):
+    write_rollouts(tmp_path, runs=())  # the train split only
     m = run_stage_body(tmp_path)
     assert m["eval/runs"] == 0 and not any("__" in k for k in m)
     assert (tmp_path / "plots/eval/table.csv").exists()

@@ -182,3 +182,33 @@ def test_evaluate_and_report_through_dvc_repro(project_copy):
     proc = dvc(root, "repro", "report")
     assert "Running stage 'evaluate'" in proc.stdout and "Running stage 'report'" in proc.stdout
     assert "90% confidence intervals" in (root / "reports/report.md").read_text()
+
+
+def _seed_files(diffs: dict[int, float]) -> Sources:
+    files = {}
+    for seed, d in diffs.items():
+        for variant, acc in (("collective", 10.0 + d), ("no_verifiers", 10.0)):
+            files[f"metrics/ablations/{variant}__s{seed}.json"] = {
+                "variant": variant, "seed": seed, f"{variant}/success": acc / 20, f"{variant}/accuracy_per_1k_tokens": acc,
+                f"{variant}/accuracy_per_1k_tokens_ci_low": acc - 5, f"{variant}/accuracy_per_1k_tokens_ci_high": acc + 5}
+    return Sources(files)
+
+
+def test_ablation_answers_use_the_spread_across_seeds():
+    from scipy import stats as st
+
+    from rlcr.report import SEEDS, ablation_summary, q3
+
+    # three seeds that agree: the per-seed intervals overlap, the across-seed t-interval does not include 0
+    s = _seed_files({0: 2.0, 1: 2.5, 2: 3.0})
+    s.files[SEEDS] = ablation_summary(s)
+    key = "collective_vs_no_verifiers/accuracy_per_1k_tokens_diff"
+    half = st.t.ppf(0.975, 2) * 0.5 / 3 ** 0.5
+    assert s.files[SEEDS][f"{key}/mean"] == pytest.approx(2.5)
+    assert s.files[SEEDS][f"{key}/ci_low"] == pytest.approx(2.5 - half)
+    assert s.files[SEEDS]["collective/success/seeds"] == 3
+    assert q3(s).answer == "yes"
+    # seeds that disagree: no answer, whatever one seed says
+    s = _seed_files({0: 6.0, 1: -4.0, 2: 1.0})
+    s.files[SEEDS] = ablation_summary(s)
+    assert q3(s).answer == "cannot say" and "includes zero" in q3(s).body[-1]

@@ -18,7 +18,8 @@ from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
 from tests.helpers import varied_tiny  # noqa: E402
 
 CTX = 96
-CFG = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, context=CTX)
+CFG = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, context=CTX, tokenizer="char")
+"""Characters: every stop string is a fixed token sequence (the engine's documented exact case)."""
 LOGPROB_TOL = 1e-4  # fp32, batched + left-padded + KV-cached vs one unpadded full forward
 
 

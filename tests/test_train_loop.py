@@ -1,9 +1,10 @@
-"""The RL loop: token alignment, counterfactual credit, NaN refusal, exact resume in a fresh process,
-DeepSpeed ZeRO-0 = torch, and a learning test (RL raises held-out collective reward).
+"""The RL loop's mechanics: token alignment, counterfactual credit, NaN refusal, exact resume in a
+fresh process, DeepSpeed ZeRO-0 = torch. (Whether the product's experiment learns is
+tests/test_learning.py, on the default design.)
 
-The starting policy of the loop tests is a tiny char-level Llama SFT'd (module fixture, ~20-40 s) on
-a CEO that either solves a one-digit pair sum (`5+6=11` then `SUBMIT 11`) or says `DONE`, half and
-half, so the company succeeds ~25% of the time: in the band where a collective reward has signal.
+The starting policy of these tests is a tiny Llama SFT'd (module fixture, ~20-40 s) on a CEO that
+either solves a one-digit pair sum (`5+6=11` then `SUBMIT 11`) or says `DONE`, half and half: a
+policy whose updates are visible, not a claim about learning.
 This file is also the subprocess runner of the resume test (`python tests/test_train_loop.py run ...`).
 """
 
@@ -14,7 +15,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,6 @@ from rlcr.train.loop import (  # noqa: E402
     agent_samples,
     collate_turns,
     completion_logprobs,
-    evaluate_folder,
     micro_batches,
     train,
     turn_samples,
@@ -299,21 +298,6 @@ def test_resume_refuses_a_checkpoint_written_with_other_params(start_policy, tmp
     with pytest.raises(CheckpointError, match="other train/org/reward/engine params"):
         train(tiny_params(iterations=2, lr=1e-3), start_policy, sum_tasks(0, 20), tmp_path / "p", NullTracker(),
               ckpt_dir=tmp_path / "ckpt", log=lambda *_: None)
-
-
-def test_learning_rl_raises_held_out_collective_reward(start_policy, tmp_path):
-    params = tiny_params(iterations=40, checkpoint_every=40)
-    held_out = sum_tasks(1, 200)  # another seed: prompts drawn apart from the training tasks
-    t0 = time.perf_counter()
-    before = evaluate_folder(start_policy, held_out, params, seed=0)
-    train(params, start_policy, sum_tasks(0, 200), tmp_path / "policy", NullTracker(), ckpt_dir=tmp_path / "ckpt",
-          log=lambda *_: None)
-    after = evaluate_folder(tmp_path / "policy", held_out, params, seed=0)
-    print(f"held-out success {before['eval/success']:.3f} -> {after['eval/success']:.3f} "
-          f"in {time.perf_counter() - t0:.0f} s")
-    assert 0.05 <= before["eval/success"] <= 0.6  # the start is in the band where RL has signal
-    assert after["eval/success"] >= before["eval/success"] + 0.15
-    assert after["eval/reward"] >= before["eval/reward"] + 0.15  # collective reward = outcome here
 
 
 DS_SCRIPT = """

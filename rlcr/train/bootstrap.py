@@ -475,7 +475,9 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
 
         if cfg.drill_first:  # curriculum: the arithmetic alone first, with its own schedule
             first = arithmetic_examples(cfg.drill_first * cfg.drill_batch_size, tok, cfg.seed + 1, shapes, exclude)
-            pre = train_sft(model, first, replace(cfg, steps=cfg.drill_first, batch_size=cfg.drill_batch_size),
+            pre_cfg = replace(cfg, steps=cfg.drill_first, batch_size=cfg.drill_batch_size,
+                              warmup_steps=min(cfg.warmup_steps, cfg.drill_first - 1))
+            pre = train_sft(model, first, pre_cfg,
                             tok.pad_token_id, batches=[list(range(i * cfg.drill_batch_size, (i + 1) * cfg.drill_batch_size))
                                                        for i in range(cfg.drill_first)])
             res.metrics["losses/drill_first_final"] = sum(pre.losses[-10:]) / max(1, len(pre.losses[-10:]))
