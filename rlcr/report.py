@@ -1,4 +1,4 @@
-"""The report: reports/report.md answering Q1-Q5 (DESIGN.md) from the metrics files, plus PNG plots.
+"""The report: reports/report.md answering Q1-Q5 (the five questions of README.md) from the metrics files, plus PNG plots.
 
 How a number gets into the report: the text is first written as a TEMPLATE in which every figure is
 a placeholder `{{<file>::<key>::<format>}}` (made by `Sources.ref`), never a literal. `fill` then
@@ -262,12 +262,7 @@ def _variant_key(data: dict, variant: str, metric: str) -> str | None:
 
 def _ablation(s: Sources, variant: str) -> dict[str, str]:
     """{seed label: file} of one variant's ablation runs."""
-    out = {}
-    for f in s.ablation_files():
-        data = s.files[f]
-        if data.get("variant") == variant:
-            out[f.rsplit("__s", 1)[-1].removesuffix(".json")] = f
-    return out
+    return _by_seed(s).get(variant, {})
 
 
 def _disjoint(s: Sources, fa: str, ka: str, fb: str, kb: str) -> int:

@@ -1,4 +1,4 @@
-"""Bad params fail before any work, naming the key and the reason (RELIABILITY.md 14)."""
+"""Bad params fail before any work, naming the key and the reason."""
 
 from __future__ import annotations
 

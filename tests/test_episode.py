@@ -189,7 +189,7 @@ def test_critical_path_beats_solo_time_on_long_tasks_not_on_short_ones():
     for s, o in zip(solo, org, strict=True):
         assert o.episode.critical_path_tokens < s.episode.total_tokens, (o.episode.critical_path_tokens, s.episode.total_tokens)
         assert o.episode.total_tokens > s.episode.total_tokens  # the company spends more tokens in all
-    # on a 4-term task, communication overhead eats the parallel gain (DESIGN.md question 2)
+    # on a 4-term task, communication overhead eats the parallel gain (the report's Q2)
     s4 = run_episodes([TASK4], ScriptedOrg("solo"), c)[0]
     o4 = run_episodes([TASK4], ScriptedOrg("verify"), c)[0]
     assert o4.episode.critical_path_tokens > s4.episode.total_tokens

@@ -1,4 +1,4 @@
-"""Prefect flows against a real local Prefect server (RELIABILITY.md 30-32)."""
+"""Prefect flows against a real local Prefect server (retries, our own timeout, resume after a kill)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hostile agents against the organisation: one RELIABILITY.md property per test, faults injected for
+"""Hostile agents against the organisation: one property per test, faults injected for
 real (hostile completions through the scheduler, planted symlinks and hard links on disk)."""
 
 from __future__ import annotations

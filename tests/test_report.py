@@ -156,7 +156,7 @@ def test_evaluate_and_report_through_dvc_repro(project_copy):
     spans = json.loads((root / "reports/report_sources.json").read_text())
     assert not untraced_figures(text, spans) and (root / "reports/org_charts.png").exists()
 
-    # every rlcr module each stage imported is a declared dependency (RELIABILITY.md 10)
+    # every rlcr module each stage imported is a declared dependency
     for stage, files in imported.items():
         deps = spec["stages"][stage]["deps"]
         missing = [f for f in files if not any(f == d or f.startswith(d.rstrip("/") + "/") for d in deps)]

@@ -201,7 +201,7 @@ def test_rollout_stage_through_dvc_repro(project_copy):
     assert run.data.metrics["rollout/tokens_mean"] == pytest.approx(metrics["rollout/tokens_mean"])
     assert "dvc.dep.rlcr/rollout.py" in run.data.tags
 
-    # every rlcr module the stage imported is a declared dependency (RELIABILITY.md 10)
+    # every rlcr module the stage imported is a declared dependency
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["rollout"]["deps"]
     imported = json.loads((root / "imports.json").read_text())
     missing = [m for m in imported if not any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps)]

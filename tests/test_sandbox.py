@@ -1,4 +1,4 @@
-"""The sandbox under hostile code, one property per test (RELIABILITY.md 16-21, 26-27)."""
+"""The sandbox under hostile code, one property per test."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def test_repro_writes_outs_lock_and_run_then_skips_then_reruns(project_copy):
     assert run.data.params["prepare.seed"] == "0"
     assert run.data.tags["rlcr.stage"] == "prepare" and "dvc.dep.rlcr/config.py" in run.data.tags
 
-    # every rlcr module the stage imported is a declared dependency (RELIABILITY.md 10)
+    # every rlcr module the stage imported is a declared dependency
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["prepare"]["deps"]
     imported = json.loads((root / "imports.json").read_text())
     missing = [m for m in imported if not any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps)]

@@ -1,4 +1,4 @@
-"""MLflow runs end FINISHED, FAILED or KILLED as the stage ends (RELIABILITY.md 2-3); lineage tags."""
+"""MLflow runs end FINISHED, FAILED or KILLED as the stage ends; lineage tags."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def build_words_tokenizer(model_max_length: int = 1024, words: tuple[str, ...] =
 
 
 def build_tokenizer(kind: str, model_max_length: int = 1024) -> PreTrainedTokenizerFast:
-    """The tiny policy's tokenizer by name (`model.tokenizer`: char | words)."""
+    """The tiny policy's tokenizer by name (`model.tokenizer`: char | words | numbers)."""
     if kind == "char":
         return build_char_tokenizer(model_max_length)
     if kind == "words":

@@ -1,7 +1,7 @@
 """Built-in families for the tiny default: multi-term sums that split into verifiable pair sums.
 
-Why these: a tiny model learns `a+b` in minutes but not `a+b+c+d` answered directly (DESIGN.md,
-measured), so a company that hands pairs to workers and adds their results has something real to
+Why these: a tiny model learns `a+b` in minutes but not `a+b+c+d` answered directly (measured
+on 2 cores), so a company that hands pairs to workers and adds their results has something real to
 gain over a single agent, and a worker's residual error gives a verifier a real job.
 
 A task with k terms carries its reduction tree as sub-problems: level one adds neighbouring terms in

@@ -1,6 +1,6 @@
 """Bootstrap: scripted organisations -> traces -> SFT warm start, and a quick held-out check.
 
-RL from a collective reward needs a policy that already succeeds sometimes (DESIGN.md: REINFORCE
+RL from a collective reward needs a policy that already succeeds sometimes (measured: REINFORCE
 from a 9% model learned nothing), so the shared policy first imitates hand-written organisations.
 
 traces    Each episode plays a TRAIN task (cycled to `bootstrap.episodes`) with a style drawn from

@@ -1,7 +1,7 @@
 """Supervised bootstrap: fine-tune a causal LM on scripted traces, loss on action tokens only.
 
 RL from a sparse collective reward has nothing to reinforce while the company almost never
-succeeds (DESIGN.md: REINFORCE from a 9% model gained nothing), so the policy first imitates
+succeeds (measured: REINFORCE from a 9% model gained nothing), so the policy first imitates
 scripted traces. Only the tokens the agent itself writes (loss_mask == 1) are trained; prompts,
 briefs and observations are context, never targets, exactly as in the RL loss.
 
