@@ -26,6 +26,10 @@ behaviour/approvals_checked        approvals whose claim can be judged: the clai
 behaviour/false_approvals          checked approvals of a wrong claim (cover-up); false_approval_rate
 time/critical_path_tokens, time/total_tokens, time/critical_path_ratio (= critical path / total)
 behaviour/malformed_turns, behaviour/turns, behaviour/malformed_rate
+skill/<role>/turns, skill/<role>/correct_turns, skill/<role>/turn_correct
+                                   each role's sub-skill: turns of agents in that role (ceo, worker,
+                                   verifier, tester, lead) that are well-formed and whose equations
+                                   (`6+5=11`) and verdicts (`APPROVE 6+5=11` of a true claim) all hold
 rollout/outcome, rollout/success (outcome == 1), rollout/truncated, rollout/rounds
 """
 
@@ -102,8 +106,8 @@ def peer_reviews(record: EpisodeRecord) -> int:
     n = 0
     for i, t in enumerate(record.turns):
         for ev in json.loads(t.events):
-            if ev["kind"] != "READ" or "refused" in ev or ev["author"] == t.agent:
-                continue
+            if ev["kind"] != "READ" or "refused" in ev or ev["author"] in (t.agent, -1):
+                continue  # one's own file, or the task file (written by no agent), is not a peer's work
             tags = (ev["path"], f"@agent{ev['author']}")
             if any(j > i and who == t.agent and any(tag in text for tag in tags) for j, who, text, _ in board):
                 n += 1
@@ -156,12 +160,46 @@ def episode_metrics(record: EpisodeRecord, len_fn: Callable[[str], int] = approx
     malformed = sum(t.malformed for t in record.turns)
     m.update({"behaviour/malformed_turns": malformed, "behaviour/turns": turns,
               "behaviour/malformed_rate": malformed / turns if turns else 0.0})
+    for role in SKILL_ROLES:
+        mine = [t for t in record.turns if t.role == role]
+        if mine:
+            m[f"skill/{role}/turns"] = len(mine)
+            m[f"skill/{role}/correct_turns"] = sum(not t.malformed and turn_is_correct(t.completion) for t in mine)
     m.update({"rollout/outcome": ep.outcome, "rollout/success": float(ep.outcome >= 1.0),
               "rollout/truncated": float(ep.truncated), "rollout/rounds": ep.rounds})
     return {k: float(v) for k, v in m.items()}
 
 
+SKILL_ROLES = ("ceo", "worker", "verifier", "tester", "lead")
+
+_EQ = re.compile(r"(-?\d+(?:[-+]\d+)+)=(-?\d+)")
+_VERDICT = re.compile(r"\b(APPROVE|REJECT)\b(.*)$")
+
+
+def _value(expr: str) -> int:
+    return sum(int(t) for t in re.findall(r"[-+]?\d+", expr))
+
+
+def _equation_true(m: re.Match) -> bool:
+    return _value(m.group(1)) == int(m.group(2))
+
+
+def turn_is_correct(completion: str) -> bool:
+    """Every equation in the turn holds, except a judged claim, where the verdict must fit the claim."""
+    for line in completion.split("\n"):
+        verdict = _VERDICT.search(line)
+        if verdict:
+            claims = list(_EQ.finditer(verdict.group(2)))
+            if not claims or _equation_true(claims[-1]) != (verdict.group(1) == "APPROVE"):
+                return False
+            line = line[: verdict.start()]
+        if not all(_equation_true(m) for m in _EQ.finditer(line)):
+            return False
+    return True
+
+
 _POOLED = {
+    **{f"skill/{r}/turn_correct": (f"skill/{r}/correct_turns", f"skill/{r}/turns") for r in SKILL_ROLES},
     "behaviour/false_approval_rate": ("behaviour/false_approvals", "behaviour/approvals_checked"),
     "behaviour/idle_share": ("behaviour/idle_agents", "org/hires"),
     "behaviour/malformed_rate": ("behaviour/malformed_turns", "behaviour/turns"),

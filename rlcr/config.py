@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PROFILES = ("tiny", "quick", "smollm2", "gpu")
+PROFILES = ("tiny", "quick", "long", "smollm2", "gpu")
 
 
 class ConfigError(ValueError):
@@ -80,10 +80,11 @@ class PrepareConfig:
         if not 0.0 <= self.max_bad_rows < 1.0:
             _fail("prepare.max_bad_rows", f"must be in [0, 1), got {self.max_bad_rows}")
         for split in ("train", "eval"):
-            names = [f.name for f in getattr(self, split)]
-            dup = {n for n in names if names.count(n) > 1}
+            # a family may be listed again for other difficulties (another n), never the same twice
+            pairs = [(f.name, d) for f in getattr(self, split) for d in f.difficulties]
+            dup = sorted({p for p in pairs if pairs.count(p) > 1})
             if dup:
-                _fail(f"prepare.{split}", f"family listed twice: {sorted(dup)}")
+                _fail(f"prepare.{split}", f"family and difficulty listed twice: {dup}")
 
 
 @dataclass(frozen=True)
@@ -362,6 +363,13 @@ class OrgConfig:
     """Roles a HIRE may name (lowercase words; `ceo` is reserved for agent 0)."""
     submit_roles: tuple[str, ...] = ("ceo",)
     """Roles allowed to SUBMIT the organisation's answer."""
+    task_file: str = ""
+    """The task as a workspace file (one term per line for the sums) that briefs and READs can name
+    parts of (`HIRE worker: task.txt:1-8`: the hire sees those lines under its brief): delegating
+    costs a few tokens whatever the part's size. "" = no task file (briefs re-type the work)."""
+    show_working: bool = False
+    """Each agent's next observation shows the end of its last turn's free-text working
+    (`- your working: ...;35+2=37`): how a single agent carries a running result over turns."""
 
     def __post_init__(self) -> None:
         for key in ("max_agents", "max_rounds", "token_budget", "max_turn_tokens", "max_obs_tokens",
@@ -379,6 +387,13 @@ class OrgConfig:
         for role in self.roles:
             if role == "ceo" or not role.isidentifier() or role != role.lower():
                 _fail("org.roles", f"{role!r}: roles are lowercase identifiers other than 'ceo'")
+        if self.task_file:
+            from rlcr.org.workspace import PathError, check_path
+
+            try:
+                check_path(self.task_file)
+            except PathError as e:
+                _fail("org.task_file", str(e))
         if self.allow_leads and "lead" not in self.roles:
             _fail("org.allow_leads", "leads may hire but 'lead' is not in org.roles")
         unknown = [r for r in self.submit_roles if r != "ceo" and r not in self.roles]
@@ -545,7 +560,7 @@ class ReportConfig:
 class Params:
     """All of params.yaml after the profile is applied."""
 
-    profile: Literal["tiny", "quick", "smollm2", "gpu"] = "tiny"
+    profile: Literal["tiny", "quick", "long", "smollm2", "gpu"] = "tiny"
     """Which `profiles.<name>` overrides apply: tiny (CPU, minutes), quick (the tiny pipeline cut to a
     few minutes for tests), smollm2 (CPU instruct LM), gpu."""
     seed: int = 0
@@ -690,8 +705,10 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> Par
     return _build_dataclass(Params, merged, "")
 
 
-def load_params(path: str | Path = PROJECT_ROOT / "params.yaml", overrides: dict[str, Any] | None = None) -> Params:
-    """Read and check params.yaml; raises ConfigError naming the first bad key."""
+def load_params(path: str | Path = PROJECT_ROOT / "params.yaml", overrides: dict[str, Any] | None = None,
+                profile: str | None = None) -> Params:
+    """Read and check params.yaml (with `profile` instead of the file's own, when given); raises
+    ConfigError naming the first bad key."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -699,4 +716,7 @@ def load_params(path: str | Path = PROJECT_ROOT / "params.yaml", overrides: dict
         raise ConfigError(f"params file not found: {path}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"params.yaml: not valid YAML: {e}") from None
-    return resolve(raw or {}, overrides)
+    raw = raw or {}
+    if profile is not None and isinstance(raw, dict):
+        raw["profile"] = profile
+    return resolve(raw, overrides)

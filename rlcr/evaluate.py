@@ -16,7 +16,7 @@ Plus the run's aggregated behaviour metrics (`<run>/org/...`, `<run>/behaviour/.
 their CIs: `behaviour/false_approval_rate` (false approvals / checked approvals: cover-up) and
 `behaviour/idle_agents_per_hire` (idle hires / hires: free-riding).
 
-Comparisons, paired by task on the tasks both runs share, overall and per short/long:
+Comparisons, paired by task on the tasks both runs share, overall, per short/long and per difficulty:
     compare/company_vs_single/<policy>/...       both orgs of one policy at the same token budget
     compare/<policy>_vs_<baseline>/<org>/...     e.g. trained_vs_bootstrap/company
 with success_<a>, success_<b>, success_diff (a - b) and its CI, tasks, tokens_ratio (a/b generated
@@ -282,12 +282,16 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_name: str, b_name: str, s
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame, a_name: str, b_name: str, spec: EvalSpec) -> dict[str, float]:
-    """`compare_tables` overall, then within short and long tasks (keys `short/...`, `long/...`)."""
+    """`compare_tables` overall, then within short and long tasks (keys `short/...`, `long/...`) and
+    per difficulty (`difficulty/<d>/...`)."""
     out = compare_tables(a, b, a_name, b_name, spec)
     la, lb = length_groups(a, spec), length_groups(b, spec)
     for part in ("short", "long"):
         if part in la and part in lb:
             out.update({f"{part}/{k}": v for k, v in compare_tables(la[part], lb[part], a_name, b_name, spec).items()})
+    for d in sorted(set(a["difficulty"]) & set(b["difficulty"])):
+        da, db = a[a["difficulty"] == d], b[b["difficulty"] == d]
+        out.update({f"difficulty/{int(d)}/{k}": v for k, v in compare_tables(da, db, a_name, b_name, spec).items()})
     return out
 
 

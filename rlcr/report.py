@@ -223,13 +223,16 @@ def q2(s: Sources) -> Finding:
     body = ["| policy | tasks | modelled-time ratio | success difference | tokens ratio |", "|---|---|---|---|---|"]
     words, lines = {}, []
     for p in policies:
-        for part in ("short", "long"):
+        lengths = sorted({int(key.split("/")[4]) for key in s.files.get(EVAL, {})
+                          if key.startswith(f"compare/company_vs_single/{p}/difficulty/")})
+        for part in ("short", *(f"difficulty/{d}" for d in lengths), "long"):
             k = f"compare/company_vs_single/{p}/{part}/"
             if not s.has(EVAL, k + "success_diff"):
                 continue
             ratio = s.show(EVAL, k + "critical_path_ratio")
             tokens = s.show(EVAL, k + "tokens_ratio")
-            body.append(f"| `{p}` {part} | {s.ref(EVAL, k + 'tasks', 'd')} | {ratio} | "
+            label = part if part in ("short", "long") else f"`{part}`"
+            body.append(f"| `{p}` {label} | {s.ref(EVAL, k + 'tasks', 'd')} | {ratio} | "
                         f"{s.ci(EVAL, k + 'success_diff', '+.2f')} | {tokens} |")
         k = f"compare/company_vs_single/{p}/short/"
         lo, hi = s.get(EVAL, k + "critical_path_ratio_ci_low"), s.get(EVAL, k + "critical_path_ratio_ci_high")

@@ -117,3 +117,16 @@ def test_a_rate_with_no_events_is_left_out_and_its_counts_say_why(fixed):
     agg = aggregate([empty])
     assert "behaviour/false_approval_rate" not in agg and "behaviour/idle_share" not in agg  # n/a, never 0.0
     assert agg["behaviour/approvals_checked_total"] == 0 and agg["org/hires_total"] == 0
+
+
+def test_each_roles_sub_skill_counts_its_well_formed_true_turns(fixed):
+    m = episode_metrics(fixed)
+    # workers 1, 2, 4 join in round 2 (the Replay's default turn is WAIT): 1 writes 68+57=125 then
+    # DONE, 2 posts the false 42+37=80 then DONE, 4 waits, writes FOO bar (malformed), waits twice
+    assert (m["skill/worker/turns"], m["skill/worker/correct_turns"]) == (8, 6)
+    # the verifier waits, READs, APPROVEs the false 42+37=80, then DONE
+    assert (m["skill/verifier/turns"], m["skill/verifier/correct_turns"]) == (4, 3)
+    assert (m["skill/ceo/turns"], m["skill/ceo/correct_turns"]) == (5, 5)  # 125+80=205 holds (its input was wrong)
+    agg = aggregate([m])
+    assert agg["skill/verifier/turn_correct"] == pytest.approx(3 / 4)
+    assert "skill/lead/turn_correct" not in agg  # no lead: no rate, never 0

@@ -305,3 +305,14 @@ def test_stage_through_dvc_repro(project_copy):
 
     again = subprocess.run(["dvc", "repro", "bootstrap"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "Running stage" not in again.stdout
+
+
+def test_a_long_sum_is_drilled_as_the_parts_roles_add_never_whole():
+    terms = list(range(1, 10)) * 3 + [4, 5]  # 29 terms
+    shapes = B.long_sum_shapes(terms)
+    assert max(len(s) for s in shapes) <= B.LONG_PART + 2 and terms not in shapes
+    leaves = [s for s in shapes if len(s) <= B.LONG_PART and len(s) > 2]
+    assert sum(map(sum, leaves)) == sum(terms)  # the worker parts cover the sum once
+    assert [sum(terms[:10])] + terms[10:19] in shapes  # a single agent's second turn: running sum, next terms
+    task = build_family("sum", {"digits": 1}).generate(0, 1, 31)[0]
+    assert B.sum_shapes([task]) == B.long_sum_shapes(task.meta["terms"])

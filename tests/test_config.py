@@ -58,10 +58,12 @@ def test_impossible_combination_says_why():
         resolve(raw(prepare__max_bad_rows=1.5))
 
 
-def test_family_listed_twice_is_refused():
+def test_family_listed_twice_is_refused_for_the_same_difficulty_only():
     fam = RAW["prepare"]["train"][0]
-    with pytest.raises(ConfigError, match=r"prepare\.train: family listed twice"):
+    with pytest.raises(ConfigError, match=r"prepare\.train: family and difficulty listed twice"):
         resolve(raw(prepare__train=[fam, fam]))
+    longer = {**fam, "n": 2, "difficulties": [7]}
+    assert [f.n for f in resolve(raw(prepare__train=[fam, longer])).prepare.train] == [fam["n"], 2]
 
 
 def test_unknown_profile_is_named():

@@ -223,3 +223,99 @@ def test_records_round_trip_through_parquet(tmp_path):
     pd.testing.assert_frame_equal(turns, pd.read_parquet(tmp_path / "t.parquet"))
     pd.testing.assert_frame_equal(episodes, pd.read_parquet(tmp_path / "e.parquet"))
     assert len(to_frames([])[0].columns) == len(turns.columns)
+
+
+# ------------------------------------------------------------ the task file and briefs naming its parts
+
+
+def test_task_is_a_workspace_file_and_a_brief_naming_a_part_shows_its_lines():
+    script = {(0, 1): "HIRE worker: task.txt:2-3\nHIRE worker: task.txt:4-9", (1, 2): "WAIT", (2, 2): "WAIT"}
+    rec = run_episodes([TASK4], Replay(script), cfg(max_rounds=2, task_file="task.txt"))[0]
+    ceo = rec.turns[0].prompt
+    assert "| task.txt 4 lines, the task" in ceo
+    hire1, hire2 = (t.prompt for t in rec.turns if t.round == 2 and t.agent in (1, 2))
+    assert hire1.endswith("brief:\n| task.txt:2-3\npart task.txt:2-3:\n| +57\n| +42") or "part task.txt:2-3:\n| +57\n| +42" in hire1
+    assert "part task.txt:4-9: none (task.txt has 4 lines)" in hire2  # a range past the end names nothing
+
+
+def test_no_task_file_when_switched_off_and_runners_see_the_task_file_when_on():
+    rec = run_episodes([TASK4], Replay({}, default="DONE"), cfg(task_file=""))[0]
+    assert "lines, the task" not in rec.turns[0].prompt
+    calls = []
+    runner = lambda files, path: calls.append(dict(files)) or "ok"  # noqa: E731
+    run_episodes([TASK4], Replay({(0, 1): "WRITE a.py\nprint(1)", (0, 2): "RUN a.py"}), cfg(max_rounds=2, task_file="task.txt"),
+                 runner=runner)
+    assert calls == [{"a.py": "print(1)", "task.txt": "68\n+57\n+42\n+37"}]
+
+
+def test_scripted_briefs_name_parts_instead_of_retyping_terms():
+    from rlcr.policy.bridge import token_length_fn
+    from rlcr.policy.tokenizer import build_tokenizer
+
+    L = token_length_fn(build_tokenizer("numbers"))  # the tiny default's token counts
+    tasks = build_family("sum", {"digits": 1}).generate(3, 4, 31)  # 32 terms
+    for style in ("delegate", "verify"):
+        on = run_episodes(tasks, ScriptedOrg(style, len_fn=L), cfg(**BIG, task_file="task.txt"), len_fn=L)
+        off = run_episodes(tasks, ScriptedOrg(style, len_fn=L), cfg(**BIG, task_file=""), len_fn=L)
+        assert all(r.episode.outcome == 1.0 and r.episode.malformed_turns == 0 for r in on + off), style
+        briefs = [m["brief"] for m in on[0].episode.org() if m["parent"] >= 0]
+        assert briefs and all("task.txt:" in b for b in briefs), briefs
+        assert not any("+" in b for b in briefs), briefs  # no term re-typed
+        # naming parts makes delegation cheap: the company's critical path shrinks on long tasks
+        cp = lambda rs: sum(r.episode.critical_path_tokens for r in rs)  # noqa: E731
+        assert cp(on) < cp(off), (style, cp(on), cp(off))
+
+
+def test_read_a_part_and_own_working_carry_a_single_agent_over_turns():
+    from rlcr.policy.bridge import token_length_fn
+    from rlcr.policy.tokenizer import build_tokenizer
+
+    L = token_length_fn(build_tokenizer("numbers"))
+    tasks = build_family("signed_sum", {"digits": 1}).generate(5, 6, 31)  # 32 terms: no 64-token turn holds the chain
+    c = cfg(single_agent=True, max_rounds=12, token_budget=512, max_turn_tokens=64, max_obs_tokens=896,
+            context_tokens=1024, task_file="task.txt", show_working=True)
+    for r in run_episodes(tasks, ScriptedOrg("solo", len_fn=L), c, len_fn=L):
+        assert r.episode.outcome == 1.0 and r.episode.malformed_turns == 0 and r.episode.rounds >= 4
+        first, second = r.turns[0], r.turns[1]
+        assert "\nREAD task.txt:" in first.completion
+        assert "- your working: " in second.prompt and "- part task.txt:" in second.prompt
+        assert second.completion.startswith(first.completion.split("\n")[0].rsplit("=", 1)[1] + ("+" if "+" in second.completion[:6] else "-"))
+
+
+def test_working_is_shown_only_when_asked():
+    script = {(0, 1): "6+5=11\nWAIT"}
+    on = run_episodes([TASK4], Replay(script), cfg(max_rounds=2, show_working=True))[0]
+    off = run_episodes([TASK4], Replay(script), cfg(max_rounds=2))[0]
+    assert "- your working: 6+5=11" in on.turns[1].prompt and "your working" not in off.turns[1].prompt
+
+
+def test_read_part_errors_are_observations():
+    script = {(0, 1): "READ task.txt:3-9\nREAD task.txt:9-3\nREAD task.txt:2", (0, 2): "DONE"}
+    rec = run_episodes([TASK4], Replay(script), cfg(max_rounds=2, task_file="task.txt"))[0]
+    t1, t2 = rec.turns[0], rec.turns[1]
+    assert t1.n_errors == 2 and t1.n_actions == 1  # past the end; backwards range
+    assert "task.txt has 4 lines" in t2.prompt and "- part task.txt:2:\n| +57" in t2.prompt
+
+
+def test_long_profile_holds_tasks_where_delegating_is_faster_and_short_ones_where_it_is_not():
+    import pathlib
+
+    from rlcr.config import load_params
+    from rlcr.policy.bridge import token_length_fn
+    from rlcr.policy.tokenizer import build_tokenizer
+
+    p = load_params(pathlib.Path(__file__).resolve().parents[1] / "params.yaml", profile="long")
+    assert (p.org.task_file, p.org.show_working) == ("task.txt", True)
+    lengths = {d + 1 for f in p.prepare.eval for d in f.difficulties}
+    assert {2, 4, 32} <= lengths and 32 in {d + 1 for f in p.prepare.train for d in f.difficulties}
+    L = token_length_fn(build_tokenizer(p.model.tokenizer))
+
+    def time_of(style: str, terms: int) -> float:
+        tasks = build_family("signed_sum", {"digits": 1}).generate(11, 4, terms - 1)
+        org = dataclasses.replace(p.org, single_agent=style == "solo")
+        recs = run_episodes(tasks, ScriptedOrg(style, len_fn=L), org, len_fn=L)
+        assert all(r.episode.outcome == 1.0 for r in recs), style
+        return sum(r.episode.critical_path_tokens for r in recs)
+
+    assert time_of("delegate", 32) < 0.7 * time_of("solo", 32)
+    assert time_of("delegate", 4) > time_of("solo", 4)

@@ -234,3 +234,13 @@ def test_transfer_families_are_kept_apart_from_every_headline_figure(records):
     assert apart.metrics["bootstrap__company/transfer/episodes"] == len(probe)
     assert "bootstrap__company/transfer/family/rg/gcd/success" in apart.metrics
     assert not any("/family/rg/" in k and "/transfer/" not in k for k in apart.metrics)
+
+
+def test_company_vs_single_per_difficulty(records, ev):
+    comp, single, m = records["bootstrap__company"], records["bootstrap__single"], ev.metrics
+    key = "compare/company_vs_single/bootstrap"
+    for d in sorted({difficulty(r) for r in comp}):
+        c = [r for r in comp if difficulty(r) == d]
+        s = [r for r in single if difficulty(r) == d]
+        assert m[f"{key}/difficulty/{d}/success_diff"] == pytest.approx(avg(map(success, c)) - avg(map(success, s)))
+        assert m[f"{key}/difficulty/{d}/tasks"] == len({r.episode.task_id for r in c})

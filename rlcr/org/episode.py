@@ -28,11 +28,11 @@ from typing import Protocol
 
 from rlcr.config import OrgConfig, RewardConfig
 from rlcr.org.board import Board, render_post
-from rlcr.org.protocol import KEYWORDS, Action, mentions, one_line, parse_turn, quote_block
+from rlcr.org.protocol import KEYWORDS, Action, find_refs, mentions, one_line, parse_turn, quote_block
 from rlcr.org.records import EpisodeRecord, EpisodeRow, TurnRow
 from rlcr.org.workspace import Workspace
 from rlcr.sandbox import SandboxUnavailable
-from rlcr.tasks import Task, verify
+from rlcr.tasks import Task, task_lines, verify
 
 LengthFn = Callable[[str], int]
 Runner = Callable[[Mapping[str, str], str], str]
@@ -108,6 +108,8 @@ class EpisodeState:
         self.agents = [Agent(0, "ceo", "", -1, 0, 1)]
         self.board = Board(cfg.max_posts, cfg.max_message_chars)
         self.workspace = Workspace(cfg.max_files, cfg.max_file_chars)
+        if cfg.task_file:
+            self.workspace.seed(cfg.task_file, "\n".join(task_lines(task)))
         self.round = 0
         self.turns: list[TurnRow] = []
         self.answer: str | None = None
@@ -169,7 +171,7 @@ class EpisodeState:
         rules.append(f"limits: agents {len(self.agents)}/{cfg.max_agents}, depth {cfg.max_depth}, "
                      f"{cfg.max_turn_tokens} tokens per turn" + (", single agent" if cfg.single_agent else ""))
         status = [f"round {round} of {cfg.max_rounds} | tokens left {cfg.token_budget - self.budget_used}"]
-        work = ["task:", *quote_block(self.task.prompt)] if a.id == 0 else ["brief:", *quote_block(a.brief)]
+        work = ["task:", *quote_block(self.task.prompt)] if a.id == 0 else ["brief:", *quote_block(a.brief), *(self.parts(a.brief) if cfg.task_file else [])]
         org: list[Block] = []
         for_you: list[Block] = []
         if not cfg.single_agent:
@@ -187,11 +189,25 @@ class EpisodeState:
             shown = rest[-cfg.board_posts_shown:] if cfg.board_posts_shown else []
             org = [Block(5, lines, f"org ({len(members)} agents, nearest first):"),
                    Block(6, [render_post(p) for p in shown], f"board (last {len(shown)} of {len(rest)} other posts):", True)]
-        files = [f"| {f.path} {len(f.content)} chars by agent{f.author} round {f.round}" for f in self.workspace.listing()]
+        files = [f"| {f.path} {f.content.count(chr(10)) + 1} lines, the task" if f.author < 0 else
+                 f"| {f.path} {len(f.content)} chars by agent{f.author} round {f.round}" for f in self.workspace.listing()]
         notes = [Block(3, a.notes, "your last turn:")] if a.notes else []
         blocks = [Block(2, rules), *org, *([Block(7, files, "files:")] if files else []),
                   Block(0, status), Block(1, work), *notes, *for_you]
         return _assemble(blocks, cfg.max_obs_tokens, self.len_fn)
+
+    def parts(self, brief: str) -> list[str]:
+        """The file parts a brief names (`task.txt:1-8`), each titled and quoted line by line."""
+        out: list[str] = []
+        for ref in find_refs(brief):
+            f = self.workspace.read(ref.path)
+            lines = f.content.split("\n") if f is not None else []
+            if f is None or ref.last > len(lines):
+                have = f"{ref.path} has {len(lines)} lines" if f is not None else f"no file {ref.path}"
+                out.append(f"part {ref}: none ({have})")
+                continue
+            out += [f"part {ref}:", *quote_block("\n".join(lines[ref.first - 1 : ref.last]))]
+        return out
 
     # ------------------------------------------------------------------------------ acting
     def apply(self, a: Agent, actions: Sequence[Action], round: int) -> tuple[list[dict], list[str], bool]:
@@ -243,6 +259,14 @@ class EpisodeState:
                 return {"kind": kind, "path": act.arg, "refused": err}, f"WRITE refused: {err}", False
             return {"kind": kind, "path": act.arg, "chars": len(act.body)}, None, False
         if kind == "READ":
+            if ":" in act.arg:  # a part of a file: `READ task.txt:9-16`
+                lines = self.parts(act.arg)
+                if lines and not lines[0].endswith(":"):  # `part ...: none (...)`
+                    why = lines[0].split(": ", 1)[1]
+                    return {"kind": kind, "path": act.arg, "refused": why}, f"READ {act.arg}: {why}", False
+                f = self.workspace.read(act.arg.split(":", 1)[0])
+                a.notes.extend(["- " + lines[0], *lines[1:]])
+                return {"kind": kind, "path": act.arg, "author": f.author, "version": f.version}, None, False
             f = self.workspace.read(act.arg)
             if f is None:
                 why = f"no file {act.arg}"
@@ -289,7 +313,8 @@ class EpisodeState:
         parsed = parse_turn(text, self.cfg.max_actions_per_turn)
         events, refusals, misuse = self.apply(a, parsed.actions, req.round)
         errors = list(parsed.errors) + refusals
-        a.notes[:0] = [f"- error: {one_line(e, 200)}" for e in errors]
+        a.notes[:0] = [f"- error: {one_line(e, 200)}" for e in errors] + (
+            working_note(parsed.thinking) if self.cfg.show_working else [])
         self.total_tokens += n_out
         self.prompt_tokens += n_in
         self.budget_used += n_out + (n_in if self.cfg.count_prompt_tokens else 0)
@@ -341,6 +366,21 @@ class EpisodeState:
             budget_used=self.budget_used, seconds=self.seconds,
         )
         return EpisodeRecord(row, self.turns)
+
+
+WORKING_CHARS = 80
+
+
+def working_note(thinking: str) -> list[str]:
+    """The end of an agent's free-text working, for its next observation: an agent that splits its
+    work over turns (a single agent under a per-turn cap) carries its running result this way."""
+    lines = [line for line in thinking.split("\n") if line.strip()]
+    if not lines:
+        return []
+    tail = one_line(lines[-1])
+    if len(tail) > WORKING_CHARS:
+        tail = "..." + tail[-(WORKING_CHARS - 3):]
+    return [f"- your working: {tail}"]
 
 
 @dataclass(frozen=True)

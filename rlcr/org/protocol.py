@@ -9,7 +9,7 @@ the agent's own working (e.g. `68+57=125`), recorded in the turn but not acted o
     WRITE <path>           write a file: every line after this one, to the end of the completion,
                            is its content (so WRITE comes last in a turn); text after the path on
                            the same line becomes the first content line
-    READ <path>            show a file in your next observation
+    READ <path>            show a file in your next observation; `READ <path>:<a>-<b>` only lines a..b
     RUN <path>             run a file with the environment's code runner (when there is one)
     SUBMIT <answer>        the organisation's final answer; the episode ends after this round
     WAIT                   do nothing this round
@@ -24,6 +24,10 @@ message; the scheduler shows them to the agent next round and counts the turn as
 
 `render_action(a)` writes an action back as protocol text; for every valid action (the canonical
 form `validate_action` accepts) `parse_turn(render_action(a)).actions == (a,)`.
+
+A brief may NAME a part of a workspace file instead of re-typing it: `<path>:<a>-<b>` (lines a to b,
+1-based, inclusive) or `<path>:<a>`, e.g. `HIRE worker: task.txt:1-8`. The hire's observation shows
+those lines under its brief (`find_refs`), so a manager pays a few tokens for a part of any size.
 
 This module also holds the rule for showing untrusted text to agents (`one_line`, `quote_block`):
 text from another agent or from a file is either squeezed onto one line with line breaks, control
@@ -45,6 +49,7 @@ PATH_ARG = ("WRITE", "READ", "RUN")
 _ACTION_LINE = re.compile(r"[ \t]*([A-Z][A-Z_]{2,}):?(?=[ \t\r]|$)(.*)", re.DOTALL)
 ROLE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 MENTION = re.compile(r"@agent(\d{1,6})(?![\w])")
+REF = re.compile(r"(?<![\w./-])([A-Za-z0-9_][A-Za-z0-9._/-]{0,199}):(\d{1,5})(?:-(\d{1,5}))?(?![\w-])")
 # chat-template control sequences of the common families (ChatML, Llama, Mistral, Gemma, Phi)
 _SPECIAL = re.compile(r"<\||\|>|</?s>|\[/?INST\]|<</?SYS>>|<start_of_turn>|<end_of_turn>|<eos>|<bos>|<pad>|<unk>")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
@@ -87,6 +92,45 @@ def mentions(text: str) -> tuple[int, ...]:
     return tuple(seen)
 
 
+@dataclass(frozen=True)
+class Ref:
+    """A named part of a file: lines `first`..`last` (1-based, inclusive) of `path`."""
+
+    path: str
+    first: int
+    last: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.first}" + (f"-{self.last}" if self.last != self.first else "")
+
+
+def find_refs(text: str, limit: int = 4) -> tuple[Ref, ...]:
+    """The file parts `text` names (`task.txt:3-6`), in order, at most `limit`; a bad path, an
+    all-digit one (`12:30` is a time) or a range that runs backwards is not a reference."""
+    out: list[Ref] = []
+    for m in REF.finditer(str(text)):
+        first = int(m.group(2))
+        last = int(m.group(3)) if m.group(3) else first
+        try:
+            path = check_path(m.group(1))
+        except PathError:
+            continue
+        if path.isdigit():
+            continue
+        if 1 <= first <= last and (ref := Ref(path, first, last)) not in out:
+            out.append(ref)
+        if len(out) >= limit:
+            break
+    return tuple(out)
+
+
+def _line_range(text: str) -> Ref | None:
+    """`text` as exactly one file part (`task.txt:9-16`), else None."""
+    m = REF.fullmatch(text)
+    refs = find_refs(text, 1) if m else ()
+    return refs[0] if refs else None
+
+
 def validate_action(a: Action) -> str | None:
     """None when `a` is a valid action in canonical form, else why not."""
     if a.kind not in KEYWORDS:
@@ -104,8 +148,13 @@ def validate_action(a: Action) -> str | None:
         if not a.body or "\n" in a.body or a.body != a.body.strip():
             return "HIRE needs a one-line brief"
         return None
+    path = a.arg
+    if a.kind == "READ" and (ref := _line_range(a.arg)) is not None:
+        if str(ref) != a.arg:
+            return "READ range is not in canonical form"
+        path = ref.path
     try:
-        if check_path(a.arg) != a.arg:
+        if check_path(path) != path:
             return f"{a.kind} path is not in canonical form"
     except PathError as e:
         return f"{a.kind}: {e}"
@@ -150,6 +199,13 @@ def _parse_action(kind: str, rest: str) -> tuple[Action | None, str | None]:
     path = arg.split(None, 1)[0] if arg else ""
     if not path:
         return None, f"{kind} needs a path"
+    if kind == "READ" and ":" in path:
+        ref = _line_range(path)
+        if ref is None:
+            return None, f"READ {path[:60]!r}: a part is <path>:<first>-<last>, lines from 1, first <= last"
+        if len(arg.split(None, 1)) > 1:
+            return None, "READ takes only a path"
+        return Action("READ", str(ref)), None
     try:
         path = check_path(path)
     except PathError as e:

@@ -16,6 +16,10 @@ styles
               brief `check @agentN`; it accepts the worker's result only once the verifier APPROVEs,
               and hires a new worker for that part after a REJECT. Leads' results are not verified.
 
+Briefs: with a task file in the workspace (`org.task_file`, one term per line) a manager names the
+part instead of re-typing it (`HIRE worker: task.txt:5-8`, a verifier `check @agent3 task.txt:5-8`);
+the hire reads its terms from the part its observation shows. Without one, briefs carry the terms.
+
 Error model (seeded by (seed, episode, agent, round), so runs are reproducible): every addition any
 scripted agent writes is off by a nonzero amount in [-10, 10] with probability `error_rate`; a
 verifier recomputes with `verifier_error_rate` per addition, and with probability `rubber_stamp`
@@ -37,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlcr.org.episode import Generation, LengthFn, Request, approx_tokens
+from rlcr.org.protocol import find_refs
 
 _HEAD = re.compile(r"agent(\d+) \| role (\w+) \| .*?\| depth (\d+)$")
 _STATUS = re.compile(r"round (\d+) of (\d+) \| tokens left (-?\d+)$")
@@ -45,6 +50,7 @@ _ORG = re.compile(r"\| agent(\d+) (\w+)(?: <- agent(\d+): (.*))?$")
 _POST = re.compile(r"\[#(\d+) agent(\d+) (\w+)\] (.*)$")
 _EXPR = re.compile(r"[-+]?\d+(?:[-+]\d+)*")
 _VERDICT = re.compile(r"\b(APPROVE|REJECT)\b")
+_TASK_FILE = re.compile(r"\| (\S+) (\d+) lines, the task$")
 
 
 @dataclass
@@ -63,14 +69,40 @@ class View:
     text: str = ""
     org: dict[int, tuple[str, int, str]] = field(default_factory=dict)  # id -> (role, parent, brief)
     posts: dict[int, tuple[int, str]] = field(default_factory=dict)  # post id -> (author, text)
+    task_file: tuple[str, int] | None = None  # (path, lines) of the task's workspace file
+    part: str = ""  # the lines of the file parts the brief names, joined
+    working: str = ""  # the end of this agent's own working last turn
+    read: tuple[object, str] | None = None  # (Ref, its lines joined) of a part READ last turn
+
+    def terms(self) -> list[int] | None:
+        """The terms this agent works on: those of its brief's file part, else of its task/brief text."""
+        return terms_of(self.part) if self.part else terms_of(self.text)
+
+    def span(self) -> tuple[int, int] | None:
+        """The task-file lines this agent's terms are: all of them for the CEO, its brief's part for a hire."""
+        if self.task_file is None:
+            return None
+        path, n = self.task_file
+        if self.me == 0:
+            return (1, n)
+        refs = [r for r in find_refs(self.text) if r.path == path]
+        return (refs[0].first, refs[0].last) if len(refs) == 1 else None
 
 
 def read_view(obs: str) -> View:
     v = View()
     section = ""
     text_lines: list[str] = []
+    part_lines: list[str] = []
+    read_ref, read_lines = None, []
     for line in obs.split("\n"):
-        if m := _HEAD.match(line):
+        if line.startswith("- your working: "):
+            v.working = line[len("- your working: "):]
+        elif line.startswith("- part ") and line.endswith(":") and (refs := find_refs(line)):
+            read_ref, section = refs[0], "read"
+        elif section == "read" and line.startswith("| "):
+            read_lines.append(line[2:])
+        elif m := _HEAD.match(line):
             v.me, v.role, v.depth = int(m[1]), m[2], int(m[3])
         elif m := _STATUS.match(line):
             v.round = int(m[1])
@@ -84,11 +116,18 @@ def read_view(obs: str) -> View:
             section = line.split(" ")[0].rstrip(":")
         elif section in ("task", "brief") and line.startswith("| "):
             text_lines.append(line[2:])
+        elif section == "part" and line.startswith("| "):
+            part_lines.append(line[2:])
+        elif section == "files" and (m := _TASK_FILE.match(line)):
+            v.task_file = (m[1], int(m[2]))
         elif section == "org" and (m := _ORG.match(line)):
             v.org[int(m[1])] = (m[2], int(m[3]) if m[3] else -1, m[4] or "")
         elif (m := _POST.match(line)) and section in ("for", "board"):
             v.posts[int(m[1])] = (int(m[2]), m[4])
     v.text = "\n".join(text_lines)
+    v.part = "".join("".join(part_lines).split())
+    if read_ref is not None:
+        v.read = (read_ref, "".join("".join(read_lines).split()))
     return v
 
 
@@ -170,20 +209,39 @@ class ScriptedOrg:
         rng = random.Random(f"{self.seed}:{req.episode_id}:{req.agent}:{req.round}")
         if v.role == "verifier":
             return self._verify(v, rng)
-        terms = terms_of(v.text)
+        terms = v.terms()
         if not terms:
             return "DONE"
         if v.me == 0 and (self.style == "solo" or "HIRE" not in v.actions or len(terms) == 1):
-            return self._solo(terms, rng, req.max_new_tokens)
+            return self._solo(v, terms, rng, req.max_new_tokens)
         if v.role == "worker" or "HIRE" not in v.actions or len(terms) <= 2:
             value, work = chain(terms, rng, self.error_rate)
             return self._deliver(v, work, value)
         return self._manage(v, terms, rng)
 
-    def _solo(self, terms: list[int], rng: random.Random, max_new: int) -> str:
-        value, work = chain(terms, rng, self.error_rate) if len(terms) > 1 else (terms[0], "")
-        text = f"{work}\nSUBMIT {value}" if work else f"SUBMIT {value}"
-        return text if self.len_fn(text) <= max_new else f"SUBMIT {value}"
+    def _solo(self, v: View, terms: list[int], rng: random.Random, max_new: int) -> str:
+        """Add the terms writing the partial sums out. When the chain does not fit one turn and the
+        task is a workspace file, work as far as fits, then READ the next lines of the task file and
+        carry the running sum over in the working (`..;35+2=37`, next turn `37+3=40;..`)."""
+        acc, todo, first = terms[0], terms[1:], 2  # `first`: the task-file line of todo[0]
+        if v.read and v.working and (part := terms_of(v.read[1])) and (m := re.search(r"=(-?\d+)$", v.working)):
+            acc, todo, first = int(m.group(1)), part, v.read[0].first
+        steps, sums = [], [acc]
+        for t in todo:
+            sums.append(add(sums[-1], t, rng, self.error_rate))
+            steps.append(f"{render_sum([sums[-2], t])}={sums[-1]}")
+        n_lines = v.task_file[1] if v.task_file else first + len(todo) - 1
+        done = first + len(todo) - 1 >= n_lines
+        fits = lambda text: self.len_fn(text) <= max_new  # noqa: E731
+        if done and fits(text := "\n".join([";".join(steps), f"SUBMIT {sums[-1]}"]).lstrip("\n")):
+            return text
+        if v.task_file is not None and "READ" in v.actions:
+            for k in range(len(steps), 0, -1):  # as many steps as fit, then the next lines to read
+                nxt = first + k
+                more = f"READ {v.task_file[0]}:{nxt}-{min(n_lines, nxt + k - 1)}"
+                if nxt <= n_lines and fits(text := f"{';'.join(steps[:k])}\n{more}"):
+                    return text
+        return f"SUBMIT {sums[-1]}"  # no room to write it out: the answer alone
 
     def _deliver(self, v: View, work: str, value: int) -> str:
         if v.me == 0:
@@ -196,7 +254,7 @@ class ScriptedOrg:
         if not targets or int(targets[0]) not in v.org:
             return "DONE"
         target = int(targets[0])
-        terms, claim = terms_of(v.org[target][2]), claim_of(v, target)
+        terms, claim = (terms_of(v.part) if v.part else terms_of(v.org[target][2])), claim_of(v, target)
         if claim is None or not terms:
             return "WAIT"
         parent = v.org.get(v.me, ("", 0, ""))[1]
@@ -212,11 +270,16 @@ class ScriptedOrg:
         values: list[int | None] = []
         work: list[str] = []
         planned = v.n_agents
-        for part in tree_split(terms):
+        span = v.span()
+        left, right = tree_split(terms)
+        spans = [None, None]
+        if span is not None and span[1] - span[0] + 1 == len(terms):
+            spans = [(span[0], span[0] + len(left) - 1), (span[0] + len(left), span[1])]
+        for part, where in zip((left, right), spans, strict=True):
             if len(part) == 1:
                 values.append(part[0])
                 continue
-            value, act = self._part(v, part, planned)
+            value, act = self._part(v, part, planned, where)
             if act == "self":
                 value, steps = chain(part, rng, self.error_rate)
                 work.append(steps)
@@ -233,11 +296,13 @@ class ScriptedOrg:
         out = [f"HIRE {h}" for h in hires]
         return "\n".join(out) if out else "WAIT"
 
-    def _part(self, v: View, part: list[int], planned: int) -> tuple[int | None, str]:
-        """(value if known, what to do: '' wait, 'self' compute it, or a `role: brief` to hire)."""
-        expr = render_sum(part)
+    def _part(self, v: View, part: list[int], planned: int, where: tuple[int, int] | None = None) -> tuple[int | None, str]:
+        """(value if known, what to do: '' wait, 'self' compute it, or a `role: brief` to hire).
+        `where`: the part's task-file lines, named in the brief instead of the terms when known."""
+        expr = render_sum(part) if where is None else f"{v.task_file[0]}:{where[0]}-{where[1]}"
         kids = [i for i, (role, parent, brief) in sorted(v.org.items())
-                if parent == v.me and role in ("worker", "lead") and terms_of(brief) == part]
+                if parent == v.me and role in ("worker", "lead")
+                and (terms_of(brief) == part if where is None else brief == expr)]
         can_hire = "HIRE" in v.actions and v.depth + 1 <= v.max_depth
         if not kids:
             if not can_hire or planned >= v.max_agents:
@@ -249,11 +314,11 @@ class ScriptedOrg:
         if self.style != "verify" or v.org[kid][0] != "worker":
             return claim, ""
         checkers = [i for i, (role, parent, brief) in sorted(v.org.items())
-                    if parent == v.me and role == "verifier" and f"@agent{kid}" == brief.split()[-1]]
+                    if parent == v.me and role == "verifier" and f"@agent{kid}" in brief.split()[1:2]]
         if not checkers:
             if planned >= v.max_agents:  # no room for a verifier: take the worker's word
                 return claim, ""
-            return None, f"verifier: check @agent{kid}"
+            return None, f"verifier: check @agent{kid}" + ("" if where is None else f" {expr}")
         verdict = verdict_of(v, checkers[-1])
         if verdict == "APPROVE" and claim is not None:
             return claim, ""

@@ -95,6 +95,11 @@ class Workspace:
         self._staged: list[tuple[int, int, str, str, int]] = []  # (agent, seq, path, content, round)
         self.history: list[WriteRecord] = []
 
+    def seed(self, path: str, content: str, author: int = -1) -> None:
+        """Put a file in place before round 1 (the task file: author -1, round 0, not a write)."""
+        path = check_path(path)
+        self._files[path] = FileVersion(path, content, author, 0, 1)
+
     def stage_write(self, agent: int, path: str, content: str, round: int) -> str | None:
         """Queue a write for the end of the round; an error message when refused right away."""
         try:

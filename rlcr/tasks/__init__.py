@@ -45,6 +45,16 @@ def build_family(name: str, options: dict[str, Any] | None = None) -> TaskFamily
     )
 
 
+def task_lines(task: Task) -> list[str]:
+    """The task as the lines of its workspace file (`org.task_file`), so a brief can name a part of
+    it by line numbers: one term per line for the sum families (`6`, `+5`, `-4`), else the prompt's
+    own lines."""
+    terms = task.meta.get("terms") if isinstance(task.meta, dict) else None
+    if task.family in BUILTIN and isinstance(terms, list) and terms:
+        return [str(terms[0])] + [f"+{t}" if t >= 0 else str(t) for t in terms[1:]]
+    return str(task.prompt).split("\n")
+
+
 def verify(task: Task, answer: str) -> float:
     """Score an answer to a stored task in [0, 1] using only what the task row carries."""
     if task.family in BUILTIN:
@@ -71,6 +81,7 @@ __all__ = [
     "build_family",
     "numbers_equal",
     "parse_number",
+    "task_lines",
     "verify",
     "verify_subproblem",
 ]

@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from rlcr.behaviour import behaviour_metrics, turn_is_correct
 from rlcr.config import BootstrapConfig, EngineConfig, OrgConfig, Params, RewardConfig
 from rlcr.org.episode import Generation, LengthFn, Request, run_episodes
 from rlcr.org.records import EpisodeRecord
@@ -61,8 +62,6 @@ from rlcr.tasks import Task
 from rlcr.train.sft import SFTExample, train_sft
 
 STYLES = ("solo", "delegate", "verify", "single")
-_EQ = re.compile(r"(-?\d+(?:[-+]\d+)+)=(-?\d+)")
-_VERDICT = re.compile(r"\b(APPROVE|REJECT)\b(.*)$")
 
 
 # ------------------------------------------------------------------------------------------ traces
@@ -120,28 +119,6 @@ def scripted_traces(tasks: Sequence[Task], cfg: BootstrapConfig, org: OrgConfig,
 
 
 # ------------------------------------------------------------------------------------------ filter
-
-
-def _value(expr: str) -> int:
-    return sum(int(t) for t in re.findall(r"[-+]?\d+", expr))
-
-
-def _equation_true(m: re.Match) -> bool:
-    return _value(m.group(1)) == int(m.group(2))
-
-
-def turn_is_correct(completion: str) -> bool:
-    """Every equation in the turn holds, except a judged claim, where the verdict must fit the claim."""
-    for line in completion.split("\n"):
-        verdict = _VERDICT.search(line)
-        if verdict:
-            claims = list(_EQ.finditer(verdict.group(2)))
-            if not claims or _equation_true(claims[-1]) != (verdict.group(1) == "APPROVE"):
-                return False
-            line = line[: verdict.start()]
-        if not all(_equation_true(m) for m in _EQ.finditer(line)):
-            return False
-    return True
 
 
 def correct_agents(record: EpisodeRecord) -> set[int]:
@@ -203,11 +180,50 @@ def trace_examples(records: Sequence[EpisodeRecord], tokenizer, context: int) ->
 _SUM = re.compile(r"^-?\d+(?:[-+]\d+)+$")
 
 
+LONG_PART = 8
+"""Sums longer than this are never added in one go by the scripted roles: a worker gets a part of at
+most this many terms, a single agent adds about this many per turn (the per-turn cap)."""
+
+
 def sum_shapes(tasks: Sequence[Task]) -> list[list[int]]:
-    """The terms of every plain sum among the tasks' prompts and sub-problems (`87+21+96+91`, its
-    pairs `87+21`, `96+91` and the combine `108+187`): what the company's roles actually add."""
-    exprs = [e.replace(" ", "") for t in tasks for e in (t.prompt, *(sp.prompt for sp in t.subproblems))]
-    return [[int(x) for x in re.findall(r"[-+]?\d+", e)] for e in exprs if _SUM.match(e)]
+    """The sums the company's roles actually add, from the tasks' prompts and sub-problems: a short
+    sum (`87+21+96+91`), its pairs (`87+21`, `96+91`) and the combine (`108+187`). A long sum (more
+    than LONG_PART terms) is never added whole: its shapes are the parts a worker gets (the
+    reduction tree's halves down to LONG_PART terms), the combines of those parts' results, and the
+    stretches a single agent adds per turn (its running sum, then the next LONG_PART + 1 terms)."""
+    out: list[list[int]] = []
+    for t in tasks:
+        exprs = [e.replace(" ", "") for e in (t.prompt, *(sp.prompt for sp in t.subproblems))]
+        sums = [[int(x) for x in re.findall(r"[-+]?\d+", e)] for e in exprs if _SUM.match(e)]
+        if not sums or len(sums[0]) <= LONG_PART:
+            out += sums
+            continue
+        terms = sums[0]
+        out += long_sum_shapes(terms)
+    return out
+
+
+def long_sum_shapes(terms: Sequence[int]) -> list[list[int]]:
+    """What the roles add of one long sum (see sum_shapes)."""
+    from rlcr.org.scripted import tree_split
+
+    out: list[list[int]] = []
+
+    def split(part: list[int]) -> int:
+        if len(part) <= LONG_PART:
+            out.append(part)
+            return sum(part)
+        left, right = tree_split(part)
+        a, b = split(left), split(right)
+        out.append([a, b])
+        return a + b
+
+    split(list(terms))
+    w = LONG_PART + 1
+    out.append(list(terms[: w + 1]))
+    for i in range(w, len(terms) - 1, w):
+        out.append([sum(terms[: i + 1]), *terms[i + 1 : i + 1 + w]])
+    return out
 
 
 def drill_tasks(specs, seed: int, exclude: set[str], n: int = 2000) -> list[Task]:
@@ -222,7 +238,9 @@ def drill_tasks(specs, seed: int, exclude: set[str], n: int = 2000) -> list[Task
             continue
         family = build_family(spec.name, spec.options)
         for d in spec.difficulties:
-            tasks = family.generate(derived_drill_seed(seed, i, d), n, d)
+            # a long sum yields ~11 shapes (sum_shapes), a short one 1-4: fewer long tasks keep the mix
+            k = n // 4 if d + 1 > LONG_PART else n
+            tasks = family.generate(derived_drill_seed(seed, i, d), k, d)
             out += [t for t in tasks if t.prompt.replace(" ", "") not in exclude]
     return out
 
@@ -360,7 +378,8 @@ def quick_eval(model, tokenizer, tasks: Sequence[Task], n_tasks: int, org: OrgCo
                engine: EngineConfig, context: int, seed: int) -> dict[str, float]:
     """Held-out success of the policy as a company and as a single agent, sampled at the engine's
     temperature and greedy: `bootstrap/<company|single>/<sampled|greedy>/d<k>` and the mean over
-    difficulties without the `/d<k>`."""
+    difficulties without the `/d<k>`; each role's sub-skill `.../skill/<role>/turn_correct` (with
+    its turn counts, rlcr.behaviour)."""
     from rlcr.policy.torch_engine import TorchEngine
 
     picked = _eval_tasks(tasks, n_tasks)
@@ -386,6 +405,8 @@ def quick_eval(model, tokenizer, tasks: Sequence[Task], n_tasks: int, org: OrgCo
                     if part:
                         out[f"{key}/{fam}/d{d}"] = sum(part) / len(part)
             out[f"{key}/malformed_turns"] = sum(r.episode.malformed_turns for r in recs) / max(1, sum(r.episode.n_turns for r in recs))
+            skills = behaviour_metrics(recs, len_fn)  # each role's sub-skill: its turns well-formed and true
+            out.update({f"{key}/{k}": v for k, v in skills.items() if k.startswith("skill/")})
     model.train(False)
     return out
 
@@ -508,6 +529,6 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
     return res
 
 
-__all__ = ["STYLES", "BootstrapResult", "bootstrap_policy", "link_base", "TraceSpec", "arithmetic_examples", "sum_shapes",
+__all__ = ["STYLES", "BootstrapResult", "bootstrap_policy", "link_base", "TraceSpec", "arithmetic_examples", "sum_shapes", "long_sum_shapes",
            "drill_tasks", "drill_accuracy", "correct_agents", "draw_specs", "kept_turns",
            "step_batches", "length_batches", "drill_steps", "quick_eval", "scripted_traces", "trace_examples", "trace_stats", "turn_is_correct"]
