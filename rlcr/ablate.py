@@ -280,6 +280,15 @@ def in_sweep(tracker, base: Params, root: Path, variant: str, seed: int) -> Iter
 # ----------------------------------------------------------------------------------- one run
 
 
+def show_progress(stream=None) -> bool:
+    """A progress bar for the run's eval rollout: on a terminal, never under CI (`$CI` set) or in a log file."""
+    import os
+    import sys
+
+    stream = sys.stderr if stream is None else stream
+    return not os.environ.get("CI") and bool(getattr(stream, "isatty", lambda: False)())
+
+
 class CurveTracker:
     """The tracker an ablation's RL loop logs through: of each iteration's metrics it keeps the learning
     curve's columns (rlcr.train.loop.CURVE_COLUMNS) under `train/` (`train/reward/mean`, ...), so
@@ -328,7 +337,7 @@ def run_variant(params: Params, variant: str, start: Path, train_tasks: Sequence
     tasks = select_tasks([t for t in eval_tasks if t.family in trained], params.ablate.max_tasks_per_family)
     org_mode = VARIANTS[variant].org_mode
     log(f"[ablate] {variant}: rollout of the trained policy as {org_mode} on {len(tasks)} eval tasks")
-    records = rollout_policy(tasks, work / "policy", org_mode, params, params.rollout.seed)
+    records = rollout_policy(tasks, work / "policy", org_mode, params, params.rollout.seed, progress=show_progress())
     t2 = time.perf_counter()
     ev = evaluate({variant: RunFrames.from_records(records)}, params.evaluate, trained)
     return VariantRun(result.history, result.resumed_from, records, {**spec_metrics(params.evaluate, 1), **ev.metrics},
@@ -352,5 +361,5 @@ def ablation_metrics(variant: str, seed: int, run: VariantRun) -> dict[str, Any]
 
 __all__ = ["INPUTS", "SUMMARY_KEYS", "CurveTracker", "VARIANTS", "Variant", "VariantRun", "ablation_metrics",
            "find_or_create_parent", "in_sweep", "log_sweep_summary", "log_variant", "run_label", "run_variant",
-           "summary_markdown", "summary_metrics", "sweep_key", "sweep_params", "sweep_status", "sweep_summary",
+           "show_progress", "summary_markdown", "summary_metrics", "sweep_key", "sweep_params", "sweep_status", "sweep_summary",
            "variant_overrides"]

@@ -283,3 +283,17 @@ def test_report_html_inlines_its_figures_and_escapes_nothing_it_should_not(tmp_p
                        tmp_path, "Title <x>")
     assert page.count("data:image/png;base64,") == 1 and "<table>" in page and "Title &lt;x&gt;" in page
     assert 'src="../outside.png"' in page and 'src="missing.png"' in page  # never reads outside its folder
+
+
+def test_ablation_rollouts_show_a_bar_on_a_terminal_only(monkeypatch):
+    from rlcr.ablate import show_progress
+
+    class Tty:
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("CI", raising=False)
+    with open(os.devnull, "w") as log_file:
+        assert show_progress(Tty()) and not show_progress(log_file)
+    monkeypatch.setenv("CI", "true")
+    assert not show_progress(Tty())
