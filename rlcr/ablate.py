@@ -268,8 +268,7 @@ def in_sweep(tracker, base: Params, root: Path, variant: str, seed: int) -> Iter
         rows = [(r.data.tags.get("ablation", ""), r.data.tags.get("seed", ""), r.info.start_time,
                  outcome if r.info.run_id == tracker.run_id else r.info.status) for r in runs]
         status = sweep_status(rows)
-        metrics = {r.info.run_id: client.get_run(r.info.run_id).data.metrics for r in runs}
-        summary = sweep_summary([(*row, metrics[r.info.run_id]) for row, r in zip(rows, runs, strict=True)])
+        summary = sweep_summary([(*row, r.data.metrics) for row, r in zip(rows, runs, strict=True)])  # latest values
         log_sweep_summary(client, parent, base, summary)
         if status == "RUNNING":
             client.update_run(parent, status=status)
