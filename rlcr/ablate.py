@@ -146,11 +146,101 @@ def sweep_status(children: Sequence[tuple[str, str, int, str]]) -> str:
     return next((s for s in ("FAILED", "KILLED", "RUNNING") if s in statuses), "FINISHED")
 
 
+SUMMARY_KEYS = ("eval/success", "eval/tokens", "eval/critical_path_ratio", "eval/malformed_rate")
+"""Headline keys the sweep's parent summarises per variant across seeds."""
+
+
+def sweep_summary(children: Sequence[tuple[str, str, int, str, Mapping[str, float]]], level: float = 0.95
+                  ) -> dict[str, dict[str, dict[str, float]]]:
+    """variant -> headline key -> `rlcr.stats.across_seeds` (mean, ci_low, ci_high, min, max, seeds) over
+    the latest FINISHED run of each variant x seed (children: variant, seed, start time, status, metrics)."""
+    from rlcr.stats import across_seeds
+
+    latest: dict[tuple[str, str], tuple[int, Mapping[str, float]]] = {}
+    for variant, seed, start, status, metrics in children:
+        if status == "FINISHED" and ((variant, seed) not in latest or start >= latest[(variant, seed)][0]):
+            latest[(variant, seed)] = (start, metrics)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for variant in sorted({v for v, _ in latest}, key=lambda v: (v not in VARIANTS, list(VARIANTS).index(v)
+                                                                 if v in VARIANTS else v)):
+        runs = [m for (v, _), (_, m) in sorted(latest.items()) if v == variant]
+        out[variant] = {k: across_seeds([m[k] for m in runs if k in m], level) for k in SUMMARY_KEYS
+                        if any(k in m for m in runs)}
+    return out
+
+
+def summary_metrics(summary: Mapping[str, Mapping[str, Mapping[str, float]]]) -> dict[str, float]:
+    """The parent's metrics: `<variant>/success_mean`, `_ci_low`, `_ci_high` and `<variant>/seeds`."""
+    out = {}
+    for variant, keys in summary.items():
+        for key, s in keys.items():
+            name = key.removeprefix("eval/")
+            out.update({f"{variant}/{name}_{k}": s[k] for k in ("mean", "ci_low", "ci_high")})
+        if "eval/success" in keys:
+            out[f"{variant}/seeds"] = keys["eval/success"]["seeds"]
+    return out
+
+
+def summary_markdown(summary: Mapping[str, Mapping[str, Mapping[str, float]]], base: Params) -> str:
+    """The parent's description: what the sweep is, and success per variant with its interval across seeds."""
+    a = base.ablate
+    lines = [f"**Ablation sweep** (profile `{base.profile}`): each variant x seed is a short RL run "
+             f"({a.iterations} iterations) from models/bootstrap, then a rollout on the eval tasks "
+             f"({a.max_tasks_per_family or 'all'} per trained family). Variants {', '.join(a.variants)}; "
+             f"seeds {', '.join(map(str, a.seeds))}. Compare the child runs on `eval/success`.", "",
+             "| variant | eval/success, mean [95% CI across seeds] | seeds | tokens | what it asks |",
+             "|---|---|---|---|---|"]
+    for variant, keys in summary.items():
+        s, t = keys.get("eval/success"), keys.get("eval/tokens")
+        cell = f"{s['mean']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]" if s else "-"
+        why = VARIANTS[variant].why if variant in VARIANTS else ""
+        lines.append(f"| {variant} | {cell} | {int(s['seeds']) if s else 0} | "
+                     f"{format(t['mean'], '.1f') if t else '-'} | {why} |")
+    return "\n".join(lines)
+
+
+def sweep_params(base: Params, key: str) -> dict[str, Any]:
+    """The parent's params: what every run of the sweep shares (the variant and seed lists are in its
+    description: they may grow under the same parent)."""
+    return {"profile": base.profile, "rlcr.sweep": key, "ablate.iterations": base.ablate.iterations,
+            "ablate.max_tasks_per_family": base.ablate.max_tasks_per_family, "reward.kind": base.reward.kind,
+            "train.lr": base.train.lr, "train.group_size": base.train.group_size,
+            "train.tasks_per_iteration": base.train.tasks_per_iteration, "org.token_budget": base.org.token_budget}
+
+
+def log_sweep_summary(client, parent: str, base: Params, summary) -> None:
+    """Write the summary onto the parent: metrics, a `summary.json` artifact and the description."""
+    from rlcr.tracking import MlflowTracker, describe_run, log_table
+
+    tracker = MlflowTracker(client, parent)
+    if summary:
+        tracker.log_metrics(summary_metrics(summary))
+    log_table(tracker, summary, "summary.json")
+    describe_run(tracker, summary_markdown(summary, base))
+
+
+def log_variant(tracker, variant: str, seed: int, profile: str, metrics: Mapping[str, Any]) -> dict[str, float]:
+    """One child's comparison view: param `variant` (next to the `seed` and `profile` params), tags,
+    the headline keys (rlcr.tracking.HEADLINE_KEYS) at the last RL iteration's step, a few train
+    figures, and the whole metrics table as the artifact `metrics.json`. Returns what it logged. (The
+    learning curve, `train/<curve column>` at steps 1..iterations, is logged during RL: CurveTracker.)"""
+    from rlcr.tracking import headline_from_evaluation, log_table
+
+    head = headline_from_evaluation(dict(metrics), variant)
+    extra = {k: float(metrics[k]) for k in ("train/success_first", "train/success_last", "train/reward_last",
+                                             "train/seconds", "rollout/seconds") if k in metrics}
+    tracker.log_params({"variant": variant, "org_mode": VARIANTS[variant].org_mode})
+    tracker.set_tags({"rlcr.variant": variant, "rlcr.seed": str(seed), "rlcr.profile": profile})
+    tracker.log_metrics({**head, **extra}, step=int(metrics.get("train/iterations", 0)))
+    log_table(tracker, dict(metrics), "metrics.json")
+    return {**head, **extra}
+
+
 @contextlib.contextmanager
 def in_sweep(tracker, base: Params, root: Path, variant: str, seed: int) -> Iterator[str | None]:
     """Tag the stage's run as one variant x seed of the sweep of `base` (the params without overrides)
     and nest it under the sweep's parent; yields the parent's id (None when tracking is off)."""
-    from rlcr.tracking import Terminated, git_state
+    from rlcr.tracking import MlflowTracker, Terminated, git_state
 
     client = getattr(tracker, "client", None)
     if client is None:
@@ -161,6 +251,10 @@ def in_sweep(tracker, base: Params, root: Path, variant: str, seed: int) -> Iter
     parent = find_or_create_parent(client, experiment, key, f"ablate__{base.profile}__{key[:8]}",
                                    {"rlcr.profile": base.profile, **git_state(root)})
     tracker.set_tags({"ablation": variant, "seed": str(seed), "mlflow.parentRunId": parent})
+    try:  # the same values each time; two children logging them at once may collide, harmlessly
+        MlflowTracker(client, parent).log_params(sweep_params(base, key))
+    except Exception:  # noqa: BLE001 - an MlflowException or a sqlite IntegrityError: already there
+        pass
     client.update_run(parent, status="RUNNING")
     outcome = "FAILED"
     try:
@@ -171,8 +265,11 @@ def in_sweep(tracker, base: Params, root: Path, variant: str, seed: int) -> Iter
         raise
     finally:
         runs = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent}'")
-        status = sweep_status([(r.data.tags.get("ablation", ""), r.data.tags.get("seed", ""), r.info.start_time,
-                                outcome if r.info.run_id == tracker.run_id else r.info.status) for r in runs])
+        rows = [(r.data.tags.get("ablation", ""), r.data.tags.get("seed", ""), r.info.start_time,
+                 outcome if r.info.run_id == tracker.run_id else r.info.status) for r in runs]
+        status = sweep_status(rows)
+        summary = sweep_summary([(*row, r.data.metrics) for row, r in zip(rows, runs, strict=True)])  # latest values
+        log_sweep_summary(client, parent, base, summary)
         if status == "RUNNING":
             client.update_run(parent, status=status)
         else:
@@ -180,6 +277,33 @@ def in_sweep(tracker, base: Params, root: Path, variant: str, seed: int) -> Iter
 
 
 # ----------------------------------------------------------------------------------- one run
+
+
+def show_progress(stream=None) -> bool:
+    """A progress bar for the run's eval rollout: on a terminal, never under CI (`$CI` set) or in a log file."""
+    import os
+    import sys
+
+    stream = sys.stderr if stream is None else stream
+    return not os.environ.get("CI") and bool(getattr(stream, "isatty", lambda: False)())
+
+
+class CurveTracker:
+    """The tracker an ablation's RL loop logs through: of each iteration's metrics it keeps the learning
+    curve's columns (rlcr.train.loop.CURVE_COLUMNS) under `train/` (`train/reward/mean`, ...), so
+    a child run has tens of metrics, none of which shadows the evaluation's `behaviour/...` headline.
+    Everything else goes to the wrapped tracker as it is."""
+
+    def __init__(self, tracker):
+        self.tracker = tracker
+
+    def __getattr__(self, name: str):
+        return getattr(self.tracker, name)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        from rlcr.train.loop import CURVE_COLUMNS
+
+        self.tracker.log_metrics({f"train/{k}": metrics[k] for k in CURVE_COLUMNS if k in metrics}, step=step)
 
 
 @dataclass
@@ -204,14 +328,15 @@ def run_variant(params: Params, variant: str, start: Path, train_tasks: Sequence
     from rlcr.train.loop import train
 
     t0 = time.perf_counter()
-    result = train(params, start, train_tasks, work / "policy", tracker, ckpt_dir=ckpt_dir, log=log, register=False)
+    result = train(params, start, train_tasks, work / "policy", CurveTracker(tracker), ckpt_dir=ckpt_dir, log=log,
+                   register=False)
     t1 = time.perf_counter()
     trained = frozenset(t.family for t in train_tasks)
     # the trained families only: transfer probes are the main rollouts' business, not the ablations'
     tasks = select_tasks([t for t in eval_tasks if t.family in trained], params.ablate.max_tasks_per_family)
     org_mode = VARIANTS[variant].org_mode
     log(f"[ablate] {variant}: rollout of the trained policy as {org_mode} on {len(tasks)} eval tasks")
-    records = rollout_policy(tasks, work / "policy", org_mode, params, params.rollout.seed)
+    records = rollout_policy(tasks, work / "policy", org_mode, params, params.rollout.seed, progress=show_progress())
     t2 = time.perf_counter()
     ev = evaluate({variant: RunFrames.from_records(records)}, params.evaluate, trained)
     return VariantRun(result.history, result.resumed_from, records, {**spec_metrics(params.evaluate, 1), **ev.metrics},
@@ -233,6 +358,7 @@ def ablation_metrics(variant: str, seed: int, run: VariantRun) -> dict[str, Any]
     }
 
 
-__all__ = ["INPUTS", "VARIANTS", "Variant", "VariantRun", "ablation_metrics",
-           "find_or_create_parent", "in_sweep", "run_label", "run_variant", "sweep_key", "sweep_status",
+__all__ = ["INPUTS", "SUMMARY_KEYS", "CurveTracker", "VARIANTS", "Variant", "VariantRun", "ablation_metrics",
+           "find_or_create_parent", "in_sweep", "log_sweep_summary", "log_variant", "run_label", "run_variant",
+           "show_progress", "summary_markdown", "summary_metrics", "sweep_key", "sweep_params", "sweep_status", "sweep_summary",
            "variant_overrides"]

@@ -169,3 +169,33 @@ def org_charts(episodes: Sequence[tuple[str, Sequence[Mapping]]], path: Path) ->
 
 __all__ = ["BEHAVIOUR_PREFIXES", "SUCCESS_COLUMNS", "behaviour_columns", "behaviour_over_training", "learning_curves",
            "org_charts", "success_column", "success_vs_critical_path"]
+
+
+def report_html(markdown_text: str, folder: Path, title: str = "RLCR report") -> str:
+    """The report as ONE self-contained HTML page: markdown (with tables) to HTML, each local image
+    (`![..](name.png)` relative to `folder`) inlined as a data URI, so the MLflow artifact view, which
+    shows an HTML file in a sandboxed frame with no access to its neighbours, draws the figures."""
+    import base64
+    import html
+    import re
+
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code"], output_format="html")
+
+    def inline(m: re.Match) -> str:
+        src = html.unescape(m.group(2))
+        path = (folder / src).resolve()
+        if "://" in src or not path.is_file() or not path.is_relative_to(folder.resolve()):
+            return m.group(0)
+        kind = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg"}.get(path.suffix.lower())
+        if kind is None:
+            return m.group(0)
+        return f'{m.group(1)}"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode()}"'
+
+    body = re.sub(r'(<img\b[^>]*?\bsrc=)"([^"]+)"', inline, body)
+    style = ("body{font:15px/1.5 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px}"
+             "th{background:#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:0 3px}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{body}</body></html>")

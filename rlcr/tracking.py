@@ -253,3 +253,112 @@ def stage_run(
 def exit_code(exc: BaseException) -> int:
     """143 for SIGTERM (the shell convention), 1 for anything else."""
     return 128 + signal.SIGTERM if isinstance(exc, Terminated) else 1
+
+
+# ------------------------------------------------------------------ headline metrics (comparison)
+#
+# Every run that evaluates a policy (the train run, each ablation variant x seed) logs the SAME few
+# keys, so MLflow's compare view and DVC's `metrics show` put runs side by side on one row per key.
+# The full tables stay in the metrics files and are logged as artifacts, not as thousands of metrics.
+
+HEADLINE_KEYS = ("eval/success", "eval/success_ci_low", "eval/success_ci_high", "eval/tasks", "eval/tokens",
+                 "eval/critical_path_ratio", "eval/malformed_rate", "behaviour/false_approval_rate",
+                 "behaviour/idle_agents_per_hire", "behaviour/collective_thinking")
+"""The headline of one evaluated policy, in this order: held-out success with its 95% interval and
+number of tasks, generated tokens per episode, modelled time over tokens (critical path / total),
+malformed turns, and the evaluation rollout's cover-up (false approvals per checked approval),
+free-riding (idle hires per hire) and collective thinking. A key with no value (no checked approval,
+no hire) is left out, never written as NaN. Few on purpose: MLflow's compare view lists metrics
+alphabetically in a table that shows about six rows before it scrolls, and `eval/success` is sixth."""
+
+_FROM_EVALUATE = {"eval/success": "success", "eval/success_ci_low": "success_ci_low",
+                  "eval/success_ci_high": "success_ci_high", "eval/tasks": "tasks", "eval/tokens": "tokens",
+                  "eval/critical_path_ratio": "time/critical_path_ratio",
+                  "eval/malformed_rate": "behaviour/malformed_rate",
+                  "behaviour/false_approval_rate": "behaviour/false_approval_rate",
+                  "behaviour/idle_agents_per_hire": "behaviour/idle_agents_per_hire",
+                  "behaviour/collective_thinking": "behaviour/collective_thinking"}
+
+
+def headline_from_evaluation(metrics: dict[str, Any], run: str) -> dict[str, float]:
+    """The headline of run `run` in `rlcr.evaluate` metrics (keys `<run>/success`, ...), in HEADLINE_KEYS order."""
+    out = {}
+    for key, src in _FROM_EVALUATE.items():
+        value = metrics.get(f"{run}/{src}")
+        if isinstance(value, (int, float)) and value == value:
+            out[key] = float(value)
+    return out
+
+
+def wilson_interval(successes: float, n: float, level: float = 0.95) -> tuple[float, float]:
+    """Binomial (Wilson score) interval of a success rate: for an eval of one episode per task, where
+    no per-task resampling is at hand (the train stage's held-out check)."""
+    from scipy.stats import norm
+
+    if n <= 0:
+        raise ValueError("wilson_interval needs n > 0")
+    p, z = successes / n, float(norm.ppf(0.5 + level / 2.0))
+    centre, half = p + z * z / (2 * n), z * ((p * (1 - p) + z * z / (4 * n)) / n) ** 0.5
+    den = 1 + z * z / n
+    return max(0.0, (centre - half) / den), min(1.0, (centre + half) / den)
+
+
+def headline_from_held_out(metrics: dict[str, float], level: float = 0.95) -> dict[str, float]:
+    """The headline of a `rlcr.train.loop.evaluate` result (`eval/success`, `eval/episodes`, ...): one
+    episode per task, so the interval is Wilson's; keys it does not measure are left out."""
+    if not metrics.get("eval/episodes"):
+        return {}
+    n, success = metrics["eval/episodes"], metrics["eval/success"]
+    low, high = wilson_interval(success * n, n, level)
+    out = {"eval/success": success, "eval/success_ci_low": low, "eval/success_ci_high": high, "eval/tasks": n}
+    for key, src in (("eval/tokens", "eval/total_tokens"), ("eval/malformed_rate", "eval/malformed_rate")):
+        if src in metrics:
+            out[key] = float(metrics[src])
+    return {k: out[k] for k in HEADLINE_KEYS if k in out}
+
+
+def log_table(tracker: Tracker, table: dict[str, Any], artifact_file: str) -> None:
+    """A whole metrics table as one JSON artifact (browsable in the UI, not thousands of metric columns)."""
+    tracker.log_text(json.dumps(table, indent=1, sort_keys=True, default=str), artifact_file)
+
+
+def describe_run(tracker: Tracker, markdown_text: str) -> None:
+    """The run's description in the MLflow UI (tag `mlflow.note.content`, markdown)."""
+    tracker.set_tags({"mlflow.note.content": markdown_text})
+
+
+def tag_model_version(tracker: Tracker, model: str, tags: dict[str, str], description: str) -> str | None:
+    """Tag and describe the version of registered model `model` that this run created, adding the
+    source (`source.run_id`, `source.git_commit`, `source.stage`); the version, or None when tracking
+    is off or the run registered none."""
+    client = getattr(tracker, "client", None)
+    if client is None or tracker.run_id is None:
+        return None
+    versions = client.search_model_versions(f"name='{model}' and run_id='{tracker.run_id}'")
+    if not versions:
+        return None
+    version = max(versions, key=lambda v: int(v.version)).version
+    run_tags = client.get_run(tracker.run_id).data.tags
+    source = {"source.run_id": tracker.run_id, "source.git_commit": run_tags.get("git.commit", "unknown"),
+              "source.stage": run_tags.get("rlcr.stage", "")}
+    for k, v in {**tags, **source}.items():
+        client.set_model_version_tag(model, version, k, str(v))
+    client.update_model_version(model, version, description=description)
+    return version
+
+
+EVALUATE_LOGGED = ("*__*/success", "*__*/success_ci_low", "*__*/success_ci_high", "*__*/tokens",
+                   "*__*/behaviour/malformed_rate", "*__*/transfer/success",
+                   "compare/*/*/success_diff", "compare/*/*/success_diff_ci_low", "compare/*/*/success_diff_ci_high",
+                   "compare/*/*/critical_path_ratio", "compare/*/*/tokens_ratio")
+"""The `evaluate` run's MLflow metrics (fnmatch patterns over metrics/eval.json, `*` spanning no `/`):
+per rollout its success with CI and cost, per comparison the paired difference and time ratio."""
+
+
+def select_metrics(metrics: dict[str, Any], patterns: tuple[str, ...]) -> dict[str, float]:
+    """The float entries of `metrics` whose key matches one of `patterns`; `*` matches within one
+    path segment only, so `compare/*/*/success_diff` does not take `compare/a/b/short/success_diff`."""
+    import re
+
+    rx = re.compile("|".join(re.escape(p).replace(r"\*", "[^/]*") for p in patterns))
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and rx.fullmatch(k)}

@@ -33,7 +33,7 @@ def body(params, tracker, root: Path, variant: str, seed: int, base) -> None:
     import pandas as pd
 
     from rlcr import io
-    from rlcr.ablate import ablation_metrics, in_sweep, run_label, run_variant
+    from rlcr.ablate import ablation_metrics, in_sweep, log_variant, run_label, run_variant
     from rlcr.rollout import rollout_frames, write_rollout
     from rlcr.tasks.suite import from_frame
     from rlcr.train.loop import curve_frame, run_key
@@ -53,7 +53,7 @@ def body(params, tracker, root: Path, variant: str, seed: int, base) -> None:
         run = run_variant(params, variant, start, train_tasks, eval_tasks, work, tracker, ckpt_dir)
         write_rollout(rollout_frames(run.records), work, "rollout")
         metrics = ablation_metrics(variant, seed, run)
-        tracker.log_metrics({k: v for k, v in metrics.items() if isinstance(v, float)})
+        log_variant(tracker, variant, seed, params.profile, metrics)  # headline keys + the table as an artifact
         shutil.rmtree(out, ignore_errors=True)
         work.rename(out)
         with io.atomic_path(root / f"plots/ablations/{label}.csv") as tmp:

@@ -41,7 +41,10 @@ def body(params, tracker, root: Path) -> None:
     print(f"[evaluate] trained families: {', '.join(sorted(trained))}; the others are transfer probes")
     ev = evaluate(runs, cfg, trained)
     metrics = {**spec_metrics(cfg, len(runs)), **ev.metrics}
-    tracker.log_metrics(metrics)
+    from rlcr.tracking import EVALUATE_LOGGED, log_table, select_metrics
+
+    tracker.log_metrics(select_metrics(metrics, EVALUATE_LOGGED))  # tens of keys; the table is an artifact
+    log_table(tracker, metrics, "metrics.json")
     out = root / "plots/eval"
     for name, frame in {"table": ev.table, **plot_frames(ev)}.items():
         with io.atomic_path(out / f"{name}.csv") as tmp:

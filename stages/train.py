@@ -73,11 +73,38 @@ def body(params, tracker, root: Path) -> None:
         "train/seconds": time.perf_counter() - t0,
         **{f"last/{k}": last[k] for k in CURVE_COLUMNS if k in last},
     }
-    tracker.log_metrics(metrics, step=len(result.history))
+    log_train(tracker, params, before, after, metrics, len(result.history))
     with io.atomic_path(root / "plots/train.csv") as tmp:
         curve_frame(result.history).to_csv(tmp, index=False)
     io.write_json(metrics, root / "metrics/train.json")
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # outs written: the run is DVC's to reproduce now
+
+
+def log_train(tracker, params, before: dict, after: dict, metrics: dict, iterations: int) -> None:
+    """MLflow: the held-out headline (rlcr.tracking.HEADLINE_KEYS) before RL at step 0 and after it at
+    step `iterations`, so each key is one line from the bootstrap to the trained policy next to the
+    learning curve; `eval/success_delta`; the whole metrics table as the artifact `metrics.json`; and
+    the registered model version of this run tagged with its scores, profile and source."""
+    from rlcr.tracking import headline_from_held_out, log_table, tag_model_version
+    from rlcr.train.loop import REGISTERED_MODEL
+
+    level = params.evaluate.level
+    tracker.log_metrics(headline_from_held_out(before, level), step=0)
+    head = headline_from_held_out(after, level)
+    tracker.log_metrics({**head, "eval/success_delta": metrics["eval/success_delta"],
+                         "train/seconds": metrics["train/seconds"]}, step=iterations)
+    log_table(tracker, metrics, "metrics.json")
+    if head:
+        b, a = before.get("eval/success", 0.0), after.get("eval/success", 0.0)
+        tag_model_version(tracker, REGISTERED_MODEL, {
+            "eval.success": f"{a:.4f}", "eval.success_before": f"{b:.4f}",
+            "eval.success_delta": f"{a - b:+.4f}", "eval.tasks": f"{head['eval/tasks']:.0f}",
+            "eval.improved": str(a > b).lower(), "rlcr.profile": params.profile},
+            f"RL from collective rewards (stage `train`, profile `{params.profile}`, {iterations} iterations) "
+            f"from models/bootstrap. Held-out company success {a:.3f} "
+            f"[{head['eval/success_ci_low']:.3f}, {head['eval/success_ci_high']:.3f}] on "
+            f"{head['eval/tasks']:.0f} tasks, {a - b:+.3f} against the bootstrap ({b:.3f})"
+            + ("." if a > b else ": NOT an improvement on the bootstrap."))
 
 
 def worker_body(params, tracker, root: Path) -> None:

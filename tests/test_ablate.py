@@ -205,6 +205,14 @@ def test_repro_of_the_matrix_on_the_quick_profile(project_copy):
     assert {r.data.tags["seed"] for r in children} == {"0"} and {r.info.status for r in children} == {"FINISHED"}
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    from rlcr.tracking import HEADLINE_KEYS
+
+    for r in children:  # the compare view's keys: the same few in every child, the curve under train/
+        keys = set(r.data.metrics)
+        assert {"eval/success", "eval/success_ci_low", "eval/tokens", "eval/critical_path_ratio"} <= keys, keys
+        assert keys <= set(HEADLINE_KEYS) | {k for k in keys if k.startswith("train/")} | {"rollout/seconds"}, keys
+        assert len(keys) <= 45 and "train/rollout/success" in keys and r.data.params["variant"] in variants
+    assert "variant" in parents[0].data.tags["mlflow.note.content"] and "collective/success_mean" in parents[0].data.metrics
 
     # every rlcr module the stage imported is a declared dependency (RELIABILITY 10)
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["ablate"]["deps"]

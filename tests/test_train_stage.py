@@ -95,6 +95,15 @@ def test_repro_trains_registers_and_skips_when_nothing_changed(project_copy):
     assert {"policy", "checkpoints"} <= artifacts
     version = client.get_model_version_by_alias("rlcr-policy", "latest-trained")
     assert version.run_id == run.info.run_id and version.source.endswith("/policy")
+    # the headline before RL at step 0 and after it at the last step; the version says how it scored
+    history = client.get_metric_history(run.info.run_id, "eval/success")
+    assert [m.step for m in history] == [0, 2]
+    assert [m.value for m in history] == [metrics["eval_before/success"], metrics["eval_after/success"]]
+    assert {"eval/success_ci_low", "eval/success_ci_high", "eval/tokens"} <= set(run.data.metrics)
+    assert not any(k.startswith(("last/", "eval_after/")) for k in run.data.metrics)
+    assert version.tags["eval.success"] == f"{metrics['eval_after/success']:.4f}"
+    assert version.tags["rlcr.profile"] == run.data.params["profile"] and version.tags["source.run_id"] == run.info.run_id
+    assert "Held-out company success" in version.description
 
     # every rlcr module the stage imported is a declared dependency (RELIABILITY 10)
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["train"]["deps"]

@@ -394,8 +394,13 @@ def test_report_stage_writes_logs_and_links_the_viewer(project):
         def log_artifact(self, path, artifact_path=None):
             logged.append((Path(path), artifact_path))
 
+        def log_text(self, text, artifact_file):
+            logged.append((text, artifact_file))
+
     params = load_params(Path(__file__).resolve().parents[1] / "params.yaml", {"tracking.enabled": False})
     stage.body(params, Tracker(), project)
+    html = [text for text, name in logged if name == "report/report.html"]
+    assert len(html) == 1 and "<table>" in html[0] and "data:image/png;base64," in html[0]
     viewer = project / "reports/viewer"
     assert (viewer / "index.html").is_file() and (viewer / "standalone.html").is_file()
     assert (viewer, "viewer") in logged
