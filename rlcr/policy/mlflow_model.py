@@ -97,12 +97,18 @@ def log_adapter(tracker, adapter: str | Path, base: str | Path, name: str) -> Lo
 def log_trained(tracker, folder: str | Path, start: str | Path, register: bool = False):
     """The train loop's end: `folder` as the model `policy` (merged weights when LoRA-trained), its
     `lora_adapter/` (if any) as the model `lora_adapter` on the starting policy `start`, and with
-    `register` the policy as the newest `rlcr-policy@latest-trained` -> the policy's ModelInfo."""
+    `register` the policy as the newest `rlcr-policy@latest-trained` -> the policy's LoggedPolicy.
+
+    An unregistered LoRA run (an ablation) logs its adapter only: the merged folder is the start plus
+    the adapter, and 21 ablation runs of SmolLM2 would otherwise store 21 copies of 540 MB."""
     from rlcr.policy.models import ADAPTER_DIR
 
-    info = log_policy(tracker, folder, "policy")
-    if (Path(folder) / ADAPTER_DIR / "adapter_config.json").is_file():
-        log_adapter(tracker, Path(folder) / ADAPTER_DIR, start, "lora_adapter")
+    adapter = Path(folder) / ADAPTER_DIR
+    has_adapter = (adapter / "adapter_config.json").is_file()
+    info = log_policy(tracker, folder, "policy") if register or not has_adapter else None
+    if has_adapter:
+        adapter_info = log_adapter(tracker, adapter, start, "lora_adapter")
+        info = info or adapter_info
     if register:
         register_model(tracker, info)
     return info
