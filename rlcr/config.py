@@ -146,8 +146,31 @@ class TrainConfig:
     """Hires per iteration credited by re-running their episode without them (rlcr/train/credit.py); 0 = off."""
     eval_tasks: int = 64
     """Held-out built-in tasks the train stage scores before and after RL (company, sampled)."""
+    finetune: Literal["full", "lora"] = "full"
+    """full: every weight is trained; lora: low-rank adapters through peft on `lora_targets`, the
+    rest frozen, the engine serving the merged weights after every step (rlcr/policy/lora.py)."""
+    lora_rank: int = 16
+    """lora only: r, the adapters' rank."""
+    lora_alpha: float = 32.0
+    """lora only: the adapter's output is scaled by lora_alpha / lora_rank."""
+    lora_dropout: float = 0.0
+    """lora only: dropout on the adapters' input in training (0 keeps the trainer's logprobs equal
+    to the engine's at the rollout weights)."""
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """lora only: names of the linear layers that get adapters (the Llama projections by default)."""
 
     def __post_init__(self) -> None:
+        if self.finetune == "lora":
+            if self.lora_rank < 1:
+                _fail("train.lora_rank", f"must be >= 1, got {self.lora_rank}")
+            if not self.lora_alpha > 0:
+                _fail("train.lora_alpha", f"must be > 0, got {self.lora_alpha}")
+            if not 0.0 <= self.lora_dropout < 1.0:
+                _fail("train.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+            if not self.lora_targets:
+                _fail("train.lora_targets", "needs at least one layer name")
+            if self.backend != "torch":
+                _fail("train.finetune", "lora runs with train.backend torch (the DeepSpeed backend trains full weights)")
         if not self.lr > 0:
             _fail("train.lr", f"must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -692,6 +715,10 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> Par
     profile = raw.get("profile", "tiny")
     if profile not in PROFILES:
         _fail("profile", f"must be one of {list(PROFILES)}, got {profile!r}")
+    if profile != "tiny" and profile in profiles and not profiles[profile]:
+        # an empty block would run the tiny defaults under another name: only the tag would change
+        _fail(f"profiles.{profile}", "is empty: the profile would run the tiny defaults under its name; "
+              "give it its overrides (model, engine, train, ...) or use profile: tiny")
     merged = _deep_merge(raw, profiles.get(profile) or {})
     # explicit overrides (ablation variants, tests) win over the profile
     for dotted, value in (overrides or {}).items():

@@ -18,6 +18,7 @@ def body(params, tracker, root: Path) -> None:
     import pandas as pd
 
     from rlcr import io
+    from rlcr.policy.mlflow_model import log_policy
     from rlcr.tasks.suite import from_frame
     from rlcr.train.bootstrap import bootstrap_policy
 
@@ -35,8 +36,7 @@ def body(params, tracker, root: Path) -> None:
     tracker.log_metrics(result.metrics)
     if result.base:
         tracker.set_tags({"rlcr.bootstrap.base": result.base})
-    else:
-        tracker.log_artifact(folder, "bootstrap")  # the tiny model is a few MB
+    log_policy(tracker, folder, "bootstrap")  # an mlflow.transformers model (rlcr/policy/mlflow_model.py)
     io.write_json(result.metrics, root / "metrics/bootstrap.json")
     m = result.metrics
     print("[bootstrap] held-out success: " + ", ".join(

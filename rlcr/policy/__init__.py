@@ -6,6 +6,9 @@ engine.py     the Engine interface: Sampling, Completion, sequence_logprobs (tra
 torch_engine  batched KV-cached decoding in plain torch (CPU and CUDA)
 vllm_engine   vllm.LLM behind the same interface (GPU profile; weights pushed after each update)
 bridge.py     EnginePolicy: the organisation's Policy over an engine, one call per round
+instruct.py   the protocol system prompt of chat-template (instruct) models
+lora.py       LoRA adapters through peft (train.finetune: lora) and the merged weights the engine serves
+mlflow_model  policies and adapters logged as mlflow.transformers models, registered with the alias
 """
 
 from rlcr.policy.engine import Completion, Engine, Sampling, make_engine, sequence_logprobs

@@ -18,13 +18,15 @@ from dataclasses import replace
 
 from rlcr.org.episode import Generation, Request
 from rlcr.policy.engine import Engine, Sampling
+from rlcr.policy.instruct import system_prompt
 from rlcr.policy.models import render_chat
 from rlcr.policy.tokenizer import encode
 
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
-    """Observation text -> prompt ids (chat template for instruct models, <bos> + chars for tiny)."""
-    return render_chat(tokenizer, text)
+    """Observation text -> prompt ids (instruct models: chat template with the protocol as the system
+    message, rlcr/policy/instruct.py; tiny: <bos> + its tokens)."""
+    return render_chat(tokenizer, text, system=system_prompt(tokenizer))
 
 
 def completion_ids(tokenizer, text: str) -> list[int]:

@@ -24,6 +24,8 @@ from rlcr.config import PROJECT_ROOT, ModelConfig
 from rlcr.policy.tokenizer import build_tokenizer, encode, safe_text
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ADAPTER_DIR = "lora_adapter"
+"""Sub-folder of a LoRA-trained policy folder holding its adapter (rlcr/policy/lora.py)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -52,8 +54,11 @@ def build_tiny(cfg: ModelConfig, seed: int) -> tuple[LlamaForCausalLM, object]:
     return model.eval(), tok
 
 
-def save_policy(model, tokenizer, folder: str | Path) -> Path:
+def save_policy(model, tokenizer, folder: str | Path, adapter=None) -> Path:
     """Write model + tokenizer as an HF folder, atomically: a reader sees the old folder or the new one.
+
+    `adapter` (a peft model, `train.finetune: lora`) also writes its adapter alone into
+    `folder/lora_adapter/` (adapter_config.json + weights), inside the same atomic swap.
 
     The files go to a temporary sibling first; then the old folder (if any) is renamed away and the
     new one renamed into place, so a crash leaves either the old complete folder or the new one (plus
@@ -64,6 +69,8 @@ def save_policy(model, tokenizer, folder: str | Path) -> Path:
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if adapter is not None:
+        adapter.save_pretrained(str(tmp / ADAPTER_DIR))
     old = None
     if folder.exists():
         old = folder.parent / f".{folder.name}.old-{uuid.uuid4().hex[:8]}"

@@ -63,6 +63,7 @@ from rlcr.org.episode import run_episodes
 from rlcr.org.records import EpisodeRecord
 from rlcr.policy.bridge import EnginePolicy, prompt_ids, token_length_fn
 from rlcr.policy.engine import Sampling
+from rlcr.policy.mlflow_model import log_trained
 from rlcr.policy.models import load_policy, save_policy
 from rlcr.policy.torch_engine import TorchEngine
 from rlcr.tasks import Task
@@ -80,8 +81,6 @@ from rlcr.train.checkpoint import (
 from rlcr.train.credit import counterfactual_credit
 from rlcr.train.loss import Refusals, policy_loss
 
-REGISTERED_MODEL = "rlcr-policy"
-ALIAS = "latest-trained"
 RESUMABLE_CHANGES = ("iterations", "checkpoint_every", "keep_last", "eval_tasks")
 """train.* keys that may change between a checkpoint and its resume; any other change is refused."""
 
@@ -308,26 +307,6 @@ def curve_frame(history: Sequence[dict[str, float]]):
     return pd.DataFrame(rows, columns=["iteration", *cols])
 
 
-def register_policy(tracker, artifact_path: str) -> str | None:
-    """Register the run's logged policy folder as a new version of `rlcr-policy`, alias latest-trained.
-
-    A plain artifact folder (no MLflow flavor): `mlflow.artifacts.download_artifacts(
-    "models:/rlcr-policy@latest-trained")` gives back the HF folder. Nothing happens without MLflow."""
-    client = getattr(tracker, "client", None)
-    if client is None or tracker.run_id is None:
-        return None
-    from mlflow.exceptions import MlflowException
-
-    try:
-        client.create_registered_model(REGISTERED_MODEL, description="RLCR shared policy (HF folder)")
-    except MlflowException:
-        pass  # already registered
-    source = f"{client.get_run(tracker.run_id).info.artifact_uri}/{artifact_path}"
-    version = client.create_model_version(REGISTERED_MODEL, source=source, run_id=tracker.run_id)
-    client.set_registered_model_alias(REGISTERED_MODEL, ALIAS, version.version)
-    return version.version
-
-
 @dataclass
 class TrainResult:
     history: list[dict[str, float]]
@@ -346,8 +325,10 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
           *, ckpt_dir: str | Path | None = None, log=print, register: bool = True) -> TrainResult:
     """Train the policy in `policy_folder` on `tasks`; save it to `out_dir` (HF folder, atomic).
 
-    With `register` the final policy becomes the newest version of the registered model
-    `rlcr-policy` with the alias latest-trained (the train stage); ablations log it without that.
+    The final policy is logged as an MLflow model (rlcr/policy/mlflow_model.py); with `register` it
+    becomes the newest version of `rlcr-policy` with the alias latest-trained (the train stage).
+    `train.finetune: lora` trains peft adapters on the frozen start (rlcr/policy/lora.py): the engine
+    serves the merged weights, `out_dir` holds them plus the adapter in `lora_adapter/`.
 
     Checkpoints go to `ckpt_dir` (default `<out_dir>.ckpt`); a complete one there is resumed.
     Several ranks (DeepSpeed launcher, `train.backend: deepspeed`, ZeRO-0) are data-parallel: each
@@ -363,8 +344,13 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
     if device == "cuda" and "LOCAL_RANK" in os.environ:
         device = f"cuda:{os.environ['LOCAL_RANK']}"
     model, tok = load_policy(policy_folder, device=device)  # the trainer's float32 copy
+    if cfg.finetune == "lora":  # adapters on the frozen start; the engine gets the merged weights
+        from rlcr.policy.lora import serving_state, wrap_lora
+
+        model = wrap_lora(model, cfg)
     model.train()
     backend = make_backend(model, cfg)
+    served = (lambda: serving_state(backend.model)) if cfg.finetune == "lora" else backend.model_state
     rank, world = backend.rank, backend.world_size
     lead = rank == 0  # logs, checkpoints and writes
     engine_model, _ = load_policy(policy_folder, device=device, dtype=params.engine.dtype)
@@ -396,7 +382,7 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
     for it in range(start, cfg.iterations):
         t_start = time.perf_counter()
         # rollout: G episodes of each task, all in one lock-step run; the engine holds the current weights
-        engine.load_state_dict(backend.model_state())
+        engine.load_state_dict(served())
         drawn = next_indices(cursor, len(tasks), cfg.tasks_per_iteration * world, cfg.seed)  # same on every rank
         picked = [tasks[i] for i in drawn[rank * cfg.tasks_per_iteration : (rank + 1) * cfg.tasks_per_iteration]]
         group_of = [g for g in range(len(picked)) for _ in range(G)]  # (E,) a task drawn twice is two groups
@@ -522,17 +508,15 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
     # the trained policy: a float32 HF folder, written atomically, logged and registered in MLflow
     if lead:
         final, _ = load_policy(policy_folder)
-        final.load_state_dict({k: v.cpu() for k, v in backend.model_state().items()})
-        save_policy(final, tok, out_dir)
+        final.load_state_dict({k: v.cpu() for k, v in served().items()})
+        save_policy(final, tok, out_dir, adapter=backend.model if cfg.finetune == "lora" else None)
         if last_ckpt is not None:
             tracker.log_artifact(last_ckpt, "checkpoints")
-        tracker.log_artifact(out_dir, "policy")
-        if register:
-            register_policy(tracker, "policy")
+        log_trained(tracker, out_dir, policy_folder, register=register)
     return TrainResult(history, resumed_from, last_ckpt, refusals.count)
 
 
 __all__ = ["AgentSamples", "TrainResult", "TurnSample", "agent_samples", "collate_turns", "completion_logprobs",
            "derived_seed",
-           "evaluate", "evaluate_folder", "held_out", "micro_batches", "register_policy", "resume_key", "run_key", "train",
+           "evaluate", "evaluate_folder", "held_out", "micro_batches", "resume_key", "run_key", "train",
            "turn_samples"]

@@ -1,0 +1,103 @@
+"""Every shipped profile of params.yaml changes what it says it changes, and nothing else.
+
+For each `profiles.<name>` block: the resolved params differ from the tiny default in exactly the
+keys the block lists (every override takes effect, no other value moves), and the profile's own
+claims hold (model kind, fine-tuning, engine, dtype, backend). An empty non-default profile is
+refused. What the smollm2 profile builds (the converted model, LoRA, the engine) is
+tests/test_smollm2.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+from rlcr.config import PROFILES, ConfigError, resolve  # noqa: E402
+from rlcr.policy.models import build_tiny  # noqa: E402
+
+RAW = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def with_profile(name: str):
+    raw = {**RAW, "profile": name}
+    return resolve(raw)
+
+
+def leaves(data, prefix: str = "") -> dict[str, object]:
+    """Dotted leaf keys of nested mappings (lists are leaves)."""
+    out = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        out.update(leaves(v, key + ".") if isinstance(v, dict) and v else {key: v})
+    return out
+
+
+def changed_keys(a, b) -> set[str]:
+    la, lb = leaves(dataclasses.asdict(a)), leaves(dataclasses.asdict(b))
+    return {k for k in la if la[k] != lb.get(k)} - {"profile"}
+
+
+def block_keys(name: str) -> set[str]:
+    """The leaf keys a profile block sets; list-valued sections (prepare.train/eval) count as one key."""
+    return set(leaves(RAW["profiles"][name] or {}))
+
+
+def declared(name: str) -> set[str]:
+    """Leaf keys of the block whose value differs from the tiny default (a block may restate one)."""
+    tiny = leaves(dataclasses.asdict(with_profile("tiny")))
+    prof = leaves(dataclasses.asdict(with_profile(name)))
+    return {k for k in block_keys(name) if any(t == k or t.startswith(k + ".") or t.startswith(k + "[")
+                                              for t in tiny if tiny.get(t) != prof.get(t))}
+
+
+def test_the_shipped_profiles_are_the_known_ones():
+    assert set(RAW["profiles"]) == set(PROFILES)
+
+
+def test_tiny_is_the_default_and_changes_nothing():
+    tiny, default = with_profile("tiny"), resolve({k: v for k, v in RAW.items() if k != "profile"})
+    assert changed_keys(tiny, default) == set() and RAW["profiles"]["tiny"] == {}
+    assert (tiny.model.kind, tiny.model.tokenizer, tiny.train.finetune, tiny.train.backend) == ("tiny", "numbers", "full", "torch")
+    assert (tiny.engine.kind, tiny.engine.device, tiny.engine.dtype) == ("torch", "cpu", "float32")
+
+
+@pytest.mark.parametrize("name", ["quick", "smollm2"])
+def test_a_profile_moves_exactly_the_keys_it_lists(name):
+    tiny, prof = with_profile("tiny"), with_profile(name)
+    moved = changed_keys(prof, tiny)
+    lists = block_keys(name)
+    assert moved, f"profile {name} changes nothing"
+    # every moved value is one the block sets (or inside a list it sets), and every key it sets moved
+    assert all(any(m == k or m.startswith(k + ".") for k in lists) for m in moved), moved
+    assert declared(name) == lists, lists - declared(name)
+
+
+def test_quick_is_the_tiny_design_cut_down():
+    tiny, quick = with_profile("tiny"), with_profile("quick")
+    assert quick.model.kind == "tiny" and quick.train.finetune == "full"
+    n = lambda p: sum(x.numel() for x in build_tiny(p.model, 0)[0].parameters())  # noqa: E731
+    assert n(quick) < n(tiny) / 2
+    assert quick.train.iterations < tiny.train.iterations and quick.org.token_budget < tiny.org.token_budget
+
+
+def test_smollm2_switches_model_and_fine_tuning():
+    tiny, smol = with_profile("tiny"), with_profile("smollm2")
+    assert (smol.model.kind, smol.train.finetune) == ("smollm2", "lora")
+    assert (tiny.model.kind, tiny.train.finetune) == ("tiny", "full")
+    assert smol.engine.kind == "torch" and smol.engine.dtype == "float32" and smol.train.backend == "torch"
+    assert smol.model.context > tiny.model.context  # BPE observations and the protocol system prompt
+
+
+def test_an_empty_profile_is_refused_with_its_name():
+    raw = {**RAW, "profile": "gpu", "profiles": {**RAW["profiles"], "gpu": {}}}
+    with pytest.raises(ConfigError, match="profiles.gpu: is empty"):
+        resolve(raw)
+    if not RAW["profiles"]["gpu"]:  # as shipped: selecting gpu fails before any work
+        with pytest.raises(ConfigError, match="profiles.gpu"):
+            with_profile("gpu")
