@@ -185,16 +185,16 @@ def check_tracking(root: Path) -> str:
 
 
 def mlflow_runs(uri: str, tag: str, values: list[str]) -> list[Any]:
-    """Runs of every experiment whose tag `tag` is one of `values` (oldest first)."""
+    """Runs of every experiment whose tag `tag` is one of `values` (oldest first; one search per value,
+    MLflow's filter has no OR)."""
     from mlflow import MlflowClient
 
-    if not values:
-        return []
     client = MlflowClient(tracking_uri=uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    quoted = ", ".join(f"'{v}'" for v in values)
-    return client.search_runs(experiments, f"tags.`{tag}` IN ({quoted})", order_by=["attributes.start_time ASC"],
-                              max_results=1000)
+    experiments = [e.experiment_id for e in client.search_experiments()] if values else []
+    if not experiments:
+        return []
+    runs = [r for v in values for r in client.search_runs(experiments, f"tags.`{tag}` = '{v}'", max_results=1000)]
+    return sorted(runs, key=lambda r: r.info.start_time)
 
 
 def run_link(uri: str, run: Any) -> str:
@@ -233,7 +233,7 @@ def artifact_key(text: str) -> str:
 
 
 def publish(key: str, markdown: str, description: str) -> None:
-    """The flow run's markdown artifact (the UI's Artifacts tab)."""
+    """The flow run's markdown artifact (the UI's Artifacts tab); sync also inside an async flow."""
     from prefect.artifacts import create_markdown_artifact
 
-    create_markdown_artifact(markdown=markdown, key=artifact_key(key), description=description)
+    create_markdown_artifact(markdown=markdown, key=artifact_key(key), description=description, _sync=True)
