@@ -174,14 +174,22 @@ def gpu_slot(timeout_s: float | None = None) -> Iterator[str]:
 
 def check_tracking(root: Path) -> str:
     """The tracking URI the stages will use, checked reachable now (rlcr.tracking.require_reachable)."""
-    from rlcr.config import load_params
+    from rlcr.config import ConfigError, load_params
     from rlcr.tracking import require_reachable, tracking_uri
 
-    params = load_params(root / "params.yaml")
+    try:
+        params = load_params(root / "params.yaml")
+    except ConfigError:  # the stage itself reports it (exit 2, unretried)
+        return tracking_uri_of_env(root)
     uri = tracking_uri(params.tracking, root)
     if params.tracking.enabled:
         require_reachable(uri)
     return uri
+
+
+def tracking_uri_of_env(root: Path) -> str:
+    """The tracking URI when params.yaml cannot be read: $MLFLOW_TRACKING_URI or the project's sqlite db."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / 'mlflow.db').resolve()}"
 
 
 def mlflow_runs(uri: str, tag: str, values: list[str]) -> list[Any]:

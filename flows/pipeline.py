@@ -84,12 +84,16 @@ def pipeline(root: str | None = None, stages: list[str] | None = None, set_param
     path = Path(root or ROOT)
     root = str(path)
     uri = check_tracking(path)
-    done = []
-    with gpu_slot():
-        for stage in stages or pipeline_stages(path):
-            repro_stage(root, stage, stage_timeout_s)
-            done.append(stage)
-    publish_run(path, uri, "RLCR pipeline", f"Stages: {', '.join(f'`{s}`' for s in done)} (`dvc repro`).")
+    todo, done = stages or pipeline_stages(path), []
+    try:
+        with gpu_slot():
+            for stage in todo:
+                repro_stage(root, stage, stage_timeout_s)
+                done.append(stage)
+    finally:  # a failed run publishes too: what ran, and where it stopped
+        left = [f"`{s}`" for s in todo if s not in done]
+        publish_run(path, uri, "RLCR pipeline", f"Stages done: {', '.join(f'`{s}`' for s in done) or 'none'} "
+                    f"(`dvc repro`)." + (f" Not done: {', '.join(left)}." if left else ""))
     return done
 
 
