@@ -17,9 +17,9 @@ MLflow: every stage run is tagged with the member's flow run id, `rlcr.sweep_id`
 
 Re-running a sweep (same profile, set_params and commit = same sweep id) skips every member whose
 `done.json` is in the remote, so their MLflow runs are never duplicated. A member left RUNNING by a
-worker that died is marked CRASHED in Prefect and its MLflow run KILLED, then run again. Rerun a
-sweep only once the previous run of it was killed or ended: a member still running elsewhere would be
-started a second time.
+worker died (its process is gone; members tag their runs with host and pid) is marked CRASHED in
+Prefect and its MLflow run KILLED, then run again; a member still running is waited for, not
+started twice.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,7 @@ from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
+from prefect.utilities.asyncutils import run_coro_as_sync
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -204,6 +207,7 @@ def sweep_member(sweep: str, label: str, stages: list[str], params: dict[str, An
     path, log = Path(root or ROOT), prefect_logger()
     uri = check_tracking(path)
     store = SweepStore(dvc_remote, sweep)
+    run_coro_as_sync(tag_own_run())
     with gpu_slot():
         work = member_checkout(path, sweep, label, commit)
         apply_params(work / "params.yaml", params)
@@ -230,8 +234,25 @@ def sweep_member(sweep: str, label: str, stages: list[str], params: dict[str, An
 # -------------------------------------------------------------------------------- controller
 
 
-async def supersede_stale(sid: str, label: str) -> int:
-    """Mark CRASHED the non-final member runs of this sweep and label (their worker died)."""
+def process_gone(tags: list[str], host: str) -> bool:
+    """True when a run's tags (`rlcr-host-<host>`, `rlcr-pid-<pid>`, set by the member) name a process of
+    this host that no longer exists. A run on another host, or one not started yet, is not judged."""
+    pid = next((t.removeprefix("rlcr-pid-") for t in tags if t.startswith("rlcr-pid-")), None)
+    if f"rlcr-host-{host}" not in tags or not pid or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+async def settle_earlier(sid: str, label: str, poll_s: float = 5.0) -> None:
+    """Earlier runs of this member that have not ended: mark CRASHED those whose process is gone (its
+    worker died), wait for the others to end (a run on a lost machine of another host ends when it is
+    marked Crashed, by Prefect's zombie detection or in the UI)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -243,30 +264,56 @@ async def supersede_stale(sid: str, label: str) -> int:
     from prefect.states import Crashed
 
     live = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
+    host, waited = socket.gethostname(), False
     async with get_client() as client:
-        runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            tags=FlowRunFilterTags(all_=[f"rlcr-sweep-{sid}", f"rlcr-member-{label}"]),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=live))))
-        for r in runs:
-            await client.set_flow_run_state(r.id, Crashed(message=f"superseded by sweep rerun {flow_run.id}"),
-                                            force=True)
-    return len(runs)
+        while True:
+            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[f"rlcr-sweep-{sid}", f"rlcr-member-{label}"]),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=live))))
+            alive = []
+            for r in runs:
+                if process_gone(r.tags, host):
+                    await client.set_flow_run_state(r.id, Crashed(message=f"its process is gone; sweep rerun "
+                                                                          f"{flow_run.id} runs {label} again"), force=True)
+                    prefect_logger()(f"{label}: earlier run {r.name} has no process left: marked CRASHED")
+                else:
+                    alive.append(r)
+            if not alive:
+                return
+            if not waited:
+                prefect_logger()(f"{label}: waiting for the earlier run(s) {[r.name for r in alive]} to end")
+                waited = True
+            await asyncio.sleep(poll_s)
+
+
+async def tag_own_run() -> None:
+    """Tag this flow run with its host and pid, so a rerun of the sweep can tell whether it died."""
+    from prefect.client.orchestration import get_client
+
+    if not flow_run.id:
+        return
+    async with get_client() as client:
+        run = await client.read_flow_run(flow_run.id)
+        tags = [*run.tags, f"rlcr-host-{socket.gethostname()}", f"rlcr-pid-{os.getpid()}"]
+        await client.update_flow_run(flow_run.id, tags=tags)
 
 
 async def run_member(sid: str, label: str, stages: list[str], params: dict[str, Any], commit: str, url: str,
-                     deployment: str, job_variables: dict[str, Any], stage_timeout_s: float) -> Any:
-    """One member as its own flow run of `deployment` (on whichever worker is free); its final state."""
+                     deployment: str, job_variables: dict[str, Any], stage_timeout_s: float) -> str:
+    """One member as its own flow run of `deployment` (on whichever worker is free); its final state
+    (`skipped` when an earlier run of it finished meanwhile)."""
     from prefect.deployments import run_deployment
 
-    if superseded := await supersede_stale(sid, label):
-        prefect_logger()(f"{label}: {superseded} earlier run(s) left unfinished marked CRASHED")
+    await settle_earlier(sid, label)
+    if SweepStore(url, sid).done(label):
+        return "skipped"
     run = await run_deployment(
         deployment, parameters={"sweep": sid, "label": label, "stages": stages, "params": params, "commit": commit,
                                 "dvc_remote": url, "stage_timeout_s": stage_timeout_s},
         flow_run_name=f"sweep-{sid}-{label}", tags=[f"rlcr-sweep-{sid}", f"rlcr-member-{label}"],
         job_variables=job_variables, timeout=None, as_subflow=True)
     prefect_logger()(f"{label}: {run.state.type.value} (flow run {run.id})")
-    return run
+    return run.state.type.value
 
 
 @flow(name="rlcr-sweep", log_prints=True)
@@ -294,7 +341,7 @@ async def sweep(profile: str = "quick", variants: list[str] | None = None, seeds
     if store.done(BASE):
         states[BASE] = "skipped"
     else:
-        states[BASE] = (await member(BASE, BASE_STAGES, member_params(profile, set_params))).state.type.value
+        states[BASE] = await member(BASE, BASE_STAGES, member_params(profile, set_params))
     todo = []
     for v in variants:
         for s in seeds:
@@ -305,8 +352,8 @@ async def sweep(profile: str = "quick", variants: list[str] | None = None, seeds
                 todo.append((label, [f"ablate@{v}-{s}"], member_params(profile, set_params, v, s)))
             else:
                 states[label] = "NOT_RUN"
-    for (label, _, _), run in zip(todo, await asyncio.gather(*(member(*t) for t in todo)), strict=True):
-        states[label] = run.state.type.value
+    for (label, _, _), state in zip(todo, await asyncio.gather(*(member(*t) for t in todo)), strict=True):
+        states[label] = state
     publish(f"rlcr-sweep-{sid}", sweep_markdown(sid, commit, url, uri, states, store), f"sweep {sid}")
     failed = {k: v for k, v in states.items() if v not in ("COMPLETED", "skipped")}
     if failed:
