@@ -81,29 +81,31 @@ def cluster(tmp_path_factory):
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_TRACKING_URI": mlflow_uri,
            "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "2"}
     procs: dict[str, subprocess.Popen] = {}
-    bin_ = Path(sys.executable).parent
-    procs["server"] = start([str(bin_ / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(pport)],
-                            base, {**env, "PREFECT_API_URL": ""}, base / "server.log")
-    procs["mlflow"] = start([str(bin_ / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}",
-                             "--artifacts-destination", str(base / "mlartifacts"), "--host", "127.0.0.1", "--port",
-                             str(mport), "--workers", "1"], base, env, base / "mlflow.log")
-    t0 = time.time()
-    wait_for("servers", lambda: ok(f"{api}/health") and ok(f"{mlflow_uri}/health"), 180, procs.values())
-    deploy = subprocess.run([sys.executable, "flows/deploy.py", "--gpu-slots", "2"], cwd=origin, env=env,
-                            capture_output=True, text=True, timeout=180)
-    assert deploy.returncode == 0, deploy.stdout + deploy.stderr
-    worker = [str(bin_ / "prefect"), "worker", "start", "--limit", "1", "--pool"]
-    for i, name in enumerate(("a", "b")):
-        procs[name] = start([*worker, "rlcr-gpu", "--name", f"gpu-{name}"], roots[name],
-                            {**env, "RLCR_ROOT": str(roots[name]), "CUDA_VISIBLE_DEVICES": str(i)},
-                            base / f"worker-{name}.log")
-    procs["control"] = start([str(bin_ / "prefect"), "worker", "start", "--pool", "rlcr-control", "--name", "ctl"],
-                             origin, {**env, "RLCR_ROOT": str(origin)}, base / "worker-control.log")
-    print(f"servers up and deployed in {time.time() - t0:.0f} s")
-    yield {"api": api, "mlflow": mlflow_uri, "origin": origin, "roots": roots, "remote": remote, "procs": procs,
-           "base": base}
-    for p in procs.values():
-        kill_tree(p)
+    try:
+        bin_ = Path(sys.executable).parent
+        procs["server"] = start([str(bin_ / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(pport)],
+                                base, {**env, "PREFECT_API_URL": ""}, base / "server.log")
+        procs["mlflow"] = start([str(bin_ / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}",
+                                 "--artifacts-destination", str(base / "mlartifacts"), "--host", "127.0.0.1", "--port",
+                                 str(mport), "--workers", "1"], base, env, base / "mlflow.log")
+        t0 = time.time()
+        wait_for("servers", lambda: ok(f"{api}/health") and ok(f"{mlflow_uri}/health"), 180, procs.values())
+        deploy = subprocess.run([sys.executable, "flows/deploy.py", "--gpu-slots", "2"], cwd=origin, env=env,
+                                capture_output=True, text=True, timeout=180)
+        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+        worker = [str(bin_ / "prefect"), "worker", "start", "--limit", "1", "--pool"]
+        for i, name in enumerate(("a", "b")):
+            procs[name] = start([*worker, "rlcr-gpu", "--name", f"gpu-{name}"], roots[name],
+                                {**env, "RLCR_ROOT": str(roots[name]), "CUDA_VISIBLE_DEVICES": str(i)},
+                                base / f"worker-{name}.log")
+        procs["control"] = start([str(bin_ / "prefect"), "worker", "start", "--pool", "rlcr-control", "--name", "ctl"],
+                                 origin, {**env, "RLCR_ROOT": str(origin)}, base / "worker-control.log")
+        print(f"servers up and deployed in {time.time() - t0:.0f} s")
+        yield {"api": api, "mlflow": mlflow_uri, "origin": origin, "roots": roots, "remote": remote, "procs": procs,
+               "base": base}
+    finally:  # also when the set-up failed half-way
+        for p in procs.values():
+            kill_tree(p)
 
 
 def api_post(cluster, path: str, body: dict) -> object:
