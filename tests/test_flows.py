@@ -58,16 +58,23 @@ def run_flow(prefect_api, root: Path, args: str, timeout: float = 300) -> subpro
         from flows.pipeline import pipeline
         print("DONE", pipeline(root={str(root)!r}, {args}))
     """)
-    env = {**os.environ, "PREFECT_API_URL": prefect_api["api"], "PREFECT_HOME": prefect_api["home"],
-           "DVC_SITE_CACHE_DIR": str(root / ".state/dvc")}
-    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=flow_env(prefect_api, root),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def flow_env(prefect_api, root: Path) -> dict[str, str]:
+    return {**os.environ, "PREFECT_API_URL": prefect_api["api"], "PREFECT_HOME": prefect_api["home"],
+            "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), "PYTHONUNBUFFERED": "1"}
+
+
+def api_filter(prefect_api, what: str, body: dict | None = None) -> list[dict]:
+    r = httpx.post(f"{prefect_api['api']}/{what}/filter", json=body or {}, timeout=10)
+    r.raise_for_status()
+    return r.json()
 
 
 def task_runs(prefect_api) -> list[dict]:
-    r = httpx.post(f"{prefect_api['api']}/task_runs/filter", json={}, timeout=10)
-    r.raise_for_status()
-    return r.json()
+    return api_filter(prefect_api, "task_runs")
 
 
 def test_flow_runs_prepare_on_the_server_and_is_idempotent(prefect_api, project_copy):
@@ -95,9 +102,7 @@ def test_transient_failure_is_retried(prefect_api, project_copy):
     lock = zc.lockfile.LockFile(str(project_copy / ".dvc/tmp/lock"))
     code = f"import sys; sys.path.insert(0, {str(project_copy)!r}); from flows.pipeline import pipeline; " \
            f"pipeline(root={str(project_copy)!r}, stages=['prepare'])"
-    env = {**os.environ, "PREFECT_API_URL": prefect_api["api"], "PREFECT_HOME": prefect_api["home"],
-           "DVC_SITE_CACHE_DIR": str(project_copy / ".state/dvc")}
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=project_copy, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=project_copy, env=flow_env(prefect_api, project_copy), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 180
@@ -124,9 +129,7 @@ def test_hung_step_is_killed_by_our_timeout(tmp_path):
 
 
 def flow_runs(prefect_api) -> list[dict]:
-    r = httpx.post(f"{prefect_api['api']}/flow_runs/filter", json={"sort": "START_TIME_DESC"}, timeout=10)
-    r.raise_for_status()
-    return r.json()
+    return api_filter(prefect_api, "flow_runs", {"sort": "START_TIME_DESC"})
 
 
 def test_stage_runs_carry_the_flow_run_id_and_the_run_publishes_an_artifact(prefect_api, project_copy):
@@ -141,11 +144,9 @@ def test_stage_runs_carry_the_flow_run_id_and_the_run_publishes_an_artifact(pref
     [stage_run] = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{run['id']}'")
     assert stage_run.data.tags["rlcr.stage"] == "prepare"
     # the stage's own output reached the flow run's logs
-    logs = httpx.post(f"{prefect_api['api']}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run["id"]]}}},
-                      timeout=10).json()
+    logs = api_filter(prefect_api, "logs", {"logs": {"flow_run_id": {"any_": [run["id"]]}}})
     assert any("Running stage 'prepare'" in entry["message"] for entry in logs)
-    arts = httpx.post(f"{prefect_api['api']}/artifacts/filter",
-                      json={"artifacts": {"flow_run_id": {"any_": [run["id"]]}}}, timeout=10).json()
+    arts = api_filter(prefect_api, "artifacts", {"artifacts": {"flow_run_id": {"any_": [run["id"]]}}})
     [art] = [a for a in arts if a["type"] == "markdown"]
     assert "## Report summary" in art["data"] and stage_run.info.run_id in art["data"]
 
@@ -211,9 +212,7 @@ def test_flow_killed_mid_stage_then_rerun_resumes_from_outs_and_checkpoint(prefe
     tiny_project(root, iterations=6)
     code = (f"import sys; sys.path.insert(0, {str(root)!r}); from flows.pipeline import pipeline; "
             f"pipeline(root={str(root)!r}, stages=['prepare', 'bootstrap', 'train'])")
-    env = {**os.environ, "PREFECT_API_URL": prefect_api["api"], "PREFECT_HOME": prefect_api["home"],
-           "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=flow_env(prefect_api, root), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
     for line in proc.stdout:  # a checkpoint exists once iteration 2 is logged: kill flow, dvc and stage
