@@ -261,11 +261,11 @@ def stage_run(
         if not params.tracking.enabled:
             yield NullTracker()
             return
+        uri = tracking_uri(params.tracking, root)
+        require_reachable(uri)  # before importing mlflow (seconds): the answer comes fast
         import mlflow
         from mlflow import MlflowClient
 
-        uri = tracking_uri(params.tracking, root)
-        require_reachable(uri)
         client = MlflowClient(tracking_uri=uri)
         mlflow.set_tracking_uri(uri)
         experiment = client.get_experiment_by_name(params.tracking.experiment)
