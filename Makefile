@@ -21,7 +21,7 @@ export TORCH_EXTENSIONS_DIR := $(ROOT)/.state/torch_extensions
 export MPLCONFIGDIR := $(ROOT)/.state/matplotlib
 export PATH := $(ROOT)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup repro test lint mlflow-ui prefect-ui clean-state
+.PHONY: setup repro test lint mlflow-ui mlflow-server prefect-ui prefect-deploy prefect-worker prefect-control clean-state
 
 setup: $(VENV)/.installed
 
@@ -55,6 +55,23 @@ mlflow-ui: setup
 
 prefect-ui: setup
 	prefect server start --host 127.0.0.1 --port 4200
+
+# the tracking server workers log to (export MLFLOW_TRACKING_URI=http://127.0.0.1:5000 for the workers)
+mlflow-server: setup
+	mlflow server --backend-store-uri sqlite:///$(ROOT)/mlflow.db --artifacts-destination $(ROOT)/mlartifacts \
+	  --host 127.0.0.1 --port 5000 --workers 1
+
+# work pools if missing (never re-created), then every deployment of prefect.yaml (needs PREFECT_API_URL)
+prefect-deploy: setup
+	$(PY) flows/deploy.py $(if $(GPU_SLOTS),--gpu-slots $(GPU_SLOTS))
+
+# one worker per GPU slot (GPU=<index>), running flows from this checkout
+GPU ?= 0
+prefect-worker: setup
+	RLCR_ROOT=$(ROOT) CUDA_VISIBLE_DEVICES=$(GPU) prefect worker start --pool rlcr-gpu --limit 1 --name rlcr-gpu-$(shell hostname)-$(GPU)
+
+prefect-control: setup
+	RLCR_ROOT=$(ROOT) prefect worker start --pool rlcr-control --name rlcr-control-$(shell hostname)
 
 clean-state:
 	rm -rf .state mlflow.db mlartifacts

@@ -1,9 +1,10 @@
-"""Register the pipeline as a Prefect deployment on a process work pool (a GPU machine runs the worker).
+"""Deploy every RLCR flow of prefect.yaml: the work pools first (created if missing, never re-created,
+so their settings and queues survive), then `prefect deploy --all`.
 
-    python flows/deploy.py --pool rlcr-gpu --cron "0 2 * * *"      # nightly default pipeline
-    prefect worker start --pool rlcr-gpu                             # on the GPU machine, in the repo
+    PREFECT_API_URL=http://127.0.0.1:4200/api python flows/deploy.py [--gpu-slots N]
 
-Parameters (stages, set_params) can be changed per run in the Prefect UI.
+--gpu-slots N caps the rlcr-gpu pool at N concurrent runs (the GPUs of all its machines together).
+`prefect deploy --all` alone does the same once the pools exist.
 """
 
 from __future__ import annotations
@@ -14,29 +15,37 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+POOLS = ("rlcr-gpu", "rlcr-control")
 
 
-def main(argv: list[str] | None = None) -> str:
+def prefect(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [str(Path(sys.executable).parent / "prefect"), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[1:])} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return proc
+
+
+def ensure_pool(name: str) -> bool:
+    """Create the process work pool `name` unless it exists; True when it was created."""
+    if prefect("work-pool", "inspect", name, check=False).returncode == 0:
+        return False
+    prefect("work-pool", "create", name, "--type", "process")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pool", default="rlcr-process", help="process work pool (created if missing)")
-    parser.add_argument("--name", default="rlcr-default", help="deployment name")
-    parser.add_argument("--cron", default=None, help="cron schedule, e.g. '0 2 * * *'")
-    parser.add_argument("--root", default=str(ROOT), help="project checkout the worker runs in")
+    parser.add_argument("--gpu-slots", type=int, default=None, help="concurrency limit of the rlcr-gpu pool")
     args = parser.parse_args(argv)
-
-    from prefect import flow
-
-    subprocess.run(["prefect", "work-pool", "create", args.pool, "--type", "process", "--overwrite"],
-                   check=True, capture_output=True)
-    deployment = flow.from_source(source=args.root, entrypoint="flows/pipeline.py:pipeline")
-    deployment_id = deployment.deploy(
-        name=args.name, work_pool_name=args.pool, cron=args.cron, parameters={"root": args.root},
-        build=False, push=False, print_next_steps=False,
-    )
-    print(f"deployment rlcr-pipeline/{args.name} ({deployment_id}) on pool {args.pool}")
-    return str(deployment_id)
+    for pool in POOLS:
+        print(f"work pool {pool}: {'created' if ensure_pool(pool) else 'exists'}")
+    if args.gpu_slots is not None:
+        prefect("work-pool", "set-concurrency-limit", "rlcr-gpu", str(args.gpu_slots))
+    out = prefect("--no-prompt", "deploy", "--all")
+    print(out.stdout.strip())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -29,6 +29,12 @@ from typing import Any, Protocol
 from rlcr.config import Params, TrackingConfig
 
 MLFLOW_PARAM_MAX = 6000
+TAGS_ENV = "RLCR_MLFLOW_TAGS"
+"""JSON object of extra tags for every run (the Prefect flows set it: `prefect.flow_run_id`, ...)."""
+
+
+class TrackingUnavailable(RuntimeError):
+    """The MLflow tracking server does not answer: fail at once instead of MLflow's minutes of retries."""
 
 
 class Terminated(BaseException):
@@ -186,6 +192,39 @@ def lineage_tags(root: Path, stage: str, params: Params) -> dict[str, str]:
     return tags
 
 
+def env_tags() -> dict[str, str]:
+    """Tags from $RLCR_MLFLOW_TAGS (a JSON object); malformed JSON is an error naming the variable."""
+    raw = os.environ.get(TAGS_ENV, "")
+    try:
+        tags = json.loads(raw) if raw else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"${TAGS_ENV} is not a JSON object: {e}") from None
+    if not isinstance(tags, dict):
+        raise ValueError(f"${TAGS_ENV} is not a JSON object: {raw[:80]}")
+    return {str(k): str(v) for k, v in tags.items()}
+
+
+def require_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """For an http(s) tracking URI, one GET of the server's /health within timeout_s, else
+    TrackingUnavailable naming the URI and what to do (MLflow's own client retries for minutes)."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    url = f"{uri.rstrip('/')}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            if resp.status == 200:
+                return
+            why = f"HTTP {resp.status}"
+    except (urllib.error.URLError, OSError) as e:
+        why = str(getattr(e, "reason", e))
+    raise TrackingUnavailable(f"MLflow tracking server {uri} is unreachable ({why}): start it, or point "
+                              "tracking.uri / $MLFLOW_TRACKING_URI at a running one, or set tracking.enabled: "
+                              "false to run without tracking")
+
+
 # --------------------------------------------------------------------------------- the run
 
 
@@ -222,10 +261,11 @@ def stage_run(
         if not params.tracking.enabled:
             yield NullTracker()
             return
+        uri = tracking_uri(params.tracking, root)
+        require_reachable(uri)  # before importing mlflow (seconds): the answer comes fast
         import mlflow
         from mlflow import MlflowClient
 
-        uri = tracking_uri(params.tracking, root)
         client = MlflowClient(tracking_uri=uri)
         mlflow.set_tracking_uri(uri)
         experiment = client.get_experiment_by_name(params.tracking.experiment)
@@ -233,7 +273,7 @@ def stage_run(
             params.tracking.experiment, artifact_location=(root / "mlartifacts").resolve().as_uri()
         )
         name = run_name or f"{stage}__{params.profile}__{params.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-        all_tags = {**lineage_tags(root, stage, params), **(tags or {})}
+        all_tags = {**lineage_tags(root, stage, params), **env_tags(), **(tags or {})}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = client.create_run(exp_id, run_name=name, tags=all_tags)

@@ -23,7 +23,7 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get(
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 # what a copy of the project needs to run its stages (no generated data, models, state or venv)
-PROJECT_FILES = ["rlcr", "stages", "flows", "configs", "data/raw", "dvc.yaml", "params.yaml", "pyproject.toml",
+PROJECT_FILES = ["rlcr", "stages", "flows", "configs", "data/raw", "dvc.yaml", "params.yaml", "prefect.yaml", "pyproject.toml",
                  ".dvc/config", ".dvcignore", ".gitignore"]
 
 

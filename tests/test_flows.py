@@ -1,8 +1,11 @@
-"""Prefect flows against a real local Prefect server (retries, our own timeout, resume after a kill)."""
+"""Prefect flows against a real local Prefect server: retries, bad params unretried, our own timeout, streamed
+logs, artifacts, the flow run id on MLflow runs, MLflow unreachable, resume after the flow process is killed."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -55,16 +58,23 @@ def run_flow(prefect_api, root: Path, args: str, timeout: float = 300) -> subpro
         from flows.pipeline import pipeline
         print("DONE", pipeline(root={str(root)!r}, {args}))
     """)
-    env = {**os.environ, "PREFECT_API_URL": prefect_api["api"], "PREFECT_HOME": prefect_api["home"],
-           "DVC_SITE_CACHE_DIR": str(root / ".state/dvc")}
-    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=flow_env(prefect_api, root),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def flow_env(prefect_api, root: Path) -> dict[str, str]:
+    return {**os.environ, "PREFECT_API_URL": prefect_api["api"], "PREFECT_HOME": prefect_api["home"],
+            "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), "PYTHONUNBUFFERED": "1"}
+
+
+def api_filter(prefect_api, what: str, body: dict | None = None) -> list[dict]:
+    r = httpx.post(f"{prefect_api['api']}/{what}/filter", json=body or {}, timeout=10)
+    r.raise_for_status()
+    return r.json()
 
 
 def task_runs(prefect_api) -> list[dict]:
-    r = httpx.post(f"{prefect_api['api']}/task_runs/filter", json={}, timeout=10)
-    r.raise_for_status()
-    return r.json()
+    return api_filter(prefect_api, "task_runs")
 
 
 def test_flow_runs_prepare_on_the_server_and_is_idempotent(prefect_api, project_copy):
@@ -92,9 +102,7 @@ def test_transient_failure_is_retried(prefect_api, project_copy):
     lock = zc.lockfile.LockFile(str(project_copy / ".dvc/tmp/lock"))
     code = f"import sys; sys.path.insert(0, {str(project_copy)!r}); from flows.pipeline import pipeline; " \
            f"pipeline(root={str(project_copy)!r}, stages=['prepare'])"
-    env = {**os.environ, "PREFECT_API_URL": prefect_api["api"], "PREFECT_HOME": prefect_api["home"],
-           "DVC_SITE_CACHE_DIR": str(project_copy / ".state/dvc")}
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=project_copy, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=project_copy, env=flow_env(prefect_api, project_copy), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 180
@@ -118,3 +126,106 @@ def test_hung_step_is_killed_by_our_timeout(tmp_path):
     with pytest.raises(TimeoutError, match="was killed"):
         run_command([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, timeout_s=1)
     assert time.time() - start < 15
+
+
+def flow_runs(prefect_api) -> list[dict]:
+    return api_filter(prefect_api, "flow_runs", {"sort": "START_TIME_DESC"})
+
+
+def test_stage_runs_carry_the_flow_run_id_and_the_run_publishes_an_artifact(prefect_api, project_copy):
+    from mlflow import MlflowClient
+
+    small_params(project_copy)
+    proc = run_flow(prefect_api, project_copy, "stages=['prepare']")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = next(f for f in flow_runs(prefect_api) if f["state_type"] == "COMPLETED")
+    client = MlflowClient(tracking_uri=f"sqlite:///{project_copy / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rlcr-collective-rewards")
+    [stage_run] = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{run['id']}'")
+    assert stage_run.data.tags["rlcr.stage"] == "prepare"
+    # the stage's own output reached the flow run's logs
+    logs = api_filter(prefect_api, "logs", {"logs": {"flow_run_id": {"any_": [run["id"]]}}})
+    assert any("Running stage 'prepare'" in entry["message"] for entry in logs)
+    arts = api_filter(prefect_api, "artifacts", {"artifacts": {"flow_run_id": {"any_": [run["id"]]}}})
+    [art] = [a for a in arts if a["type"] == "markdown"]
+    assert "## Report summary" in art["data"] and stage_run.info.run_id in art["data"]
+
+
+def test_bad_params_fail_at_once_without_retries(prefect_api, project_copy):
+    small_params(project_copy, shuffle=True)  # prepare.shuffle: unknown key -> the stage exits 2
+    start = time.time()
+    proc = run_flow(prefect_api, project_copy, "stages=['prepare']")
+    seconds = time.time() - start
+    assert proc.returncode != 0 and "prepare.shuffle: unknown key" in proc.stdout + proc.stderr
+    runs = [t for t in task_runs(prefect_api) if t["name"] == "repro-prepare" and t["state_type"] == "FAILED"]
+    assert runs and max(t["run_count"] for t in runs) == 1  # retries=2 with 5 s + 30 s delays were not used
+    print(f"bad params: flow failed in {seconds:.1f} s")
+
+
+def test_output_is_streamed_while_the_command_runs(tmp_path):
+    from flows.common import run_command
+
+    seen: list[tuple[float, str]] = []
+    start = time.time()
+    code = "import time; print('first', flush=True); time.sleep(3); print('second', flush=True)"
+    run_command([sys.executable, "-c", code], tmp_path, 30, lambda line: seen.append((time.time() - start, line)))
+    assert [line for _, line in seen] == ["first", "second"]
+    assert seen[0][0] < seen[1][0] - 2  # the first line arrived before the command ended
+
+
+def test_exit_2_is_bad_params_and_other_failures_are_retryable(tmp_path):
+    from flows.common import BadParams, CommandFailed, run_command
+
+    with pytest.raises(BadParams):
+        run_command([sys.executable, "-c", "import sys; sys.exit(2)"], tmp_path, 30, lambda _: None)
+    with pytest.raises(CommandFailed) as failed:
+        run_command([sys.executable, "-c", "import sys; sys.exit(1)"], tmp_path, 30, lambda _: None)
+    assert not isinstance(failed.value, BadParams)
+
+
+def test_unreachable_mlflow_is_a_clear_error_within_10_s(project_copy):
+    """Connection refused (nothing listens) and a server that accepts but never answers."""
+    small_params(project_copy)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections (backlog), never reads or answers
+    try:
+        for uri in (f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{silent.getsockname()[1]}"):
+            env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+            start = time.time()
+            proc = subprocess.run([sys.executable, "stages/prepare.py"], cwd=project_copy, env=env,
+                                  capture_output=True, text=True, timeout=120)
+            seconds = time.time() - start
+            assert proc.returncode == 1, proc.stderr[-2000:]
+            assert f"MLflow tracking server {uri} is unreachable" in proc.stderr, proc.stderr[-2000:]
+            assert seconds < 10, f"{uri}: {seconds:.1f} s"
+            assert not (project_copy / "data/tasks/train.parquet").exists()
+            print(f"{uri}: clear error in {seconds:.1f} s")
+    finally:
+        silent.close()
+
+
+def test_flow_killed_mid_stage_then_rerun_resumes_from_outs_and_checkpoint(prefect_api, project_copy):
+    from tests.test_train_stage import tiny_project
+
+    root = project_copy
+    tiny_project(root, iterations=6)
+    code = (f"import sys; sys.path.insert(0, {str(root)!r}); from flows.pipeline import pipeline; "
+            f"pipeline(root={str(root)!r}, stages=['prepare', 'bootstrap', 'train'])")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=flow_env(prefect_api, root), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    for line in proc.stdout:  # a checkpoint exists once iteration 2 is logged: kill flow, dvc and stage
+        lines.append(line)
+        if "[train] it 2/" in line:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert "[train] it 2/" in lines[-1], "".join(lines[-50:])
+    assert not (root / "models/policy").exists()
+
+    again = run_flow(prefect_api, root, "stages=['prepare', 'bootstrap', 'train']", timeout=600)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-4000:]
+    assert "Stage 'prepare' didn't change, skipping" in out and "Stage 'bootstrap' didn't change, skipping" in out
+    assert json.loads((root / "metrics/train.json").read_text())["train/resumed_from"] >= 1
