@@ -85,8 +85,8 @@ def log_train(tracker, params, before: dict, after: dict, metrics: dict, iterati
     step `iterations`, so each key is one line from the bootstrap to the trained policy next to the
     learning curve; `eval/success_delta`; the whole metrics table as the artifact `metrics.json`; and
     the registered model version of this run tagged with its scores, profile and source."""
-    from rlcr.tracking import headline_from_held_out, log_table, tag_model_version
     from rlcr.policy.mlflow_model import REGISTERED_MODEL
+    from rlcr.tracking import headline_from_held_out, log_table, tag_model_version
 
     level = params.evaluate.level
     tracker.log_metrics(headline_from_held_out(before, level), step=0)
