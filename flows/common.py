@@ -19,7 +19,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ def run_command(cmd: list[str], cwd: Path, timeout_s: float, log: Callable[[str]
         reader.join(timeout=5)
         raise TimeoutError(f"{' '.join(cmd)} ran past {timeout_s:.0f} s and was killed") from None
     except BaseException:  # the flow process is being stopped: do not leave the stage running
-        with _ignore(ProcessLookupError):
+        with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         raise
     reader.join(timeout=30)
@@ -95,14 +95,6 @@ def run_command(cmd: list[str], cwd: Path, timeout_s: float, log: Callable[[str]
         kind = BadParams if exited_with_bad_params(proc.returncode, out) else CommandFailed
         raise kind(f"{' '.join(cmd)} exited {proc.returncode}:\n{out[-4000:]}")
     return out
-
-
-@contextmanager
-def _ignore(*errors: type[BaseException]) -> Iterator[None]:
-    try:
-        yield
-    except errors:
-        pass
 
 
 def prefect_logger() -> Callable[[str], None]:
@@ -152,7 +144,7 @@ def ensure_limit(name: str, limit: int = 1) -> None:
         try:
             client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            with _ignore(ObjectAlreadyExists):
+            with suppress(ObjectAlreadyExists):
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
 
 
