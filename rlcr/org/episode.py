@@ -28,9 +28,9 @@ from typing import Protocol
 
 from rlcr.config import OrgConfig, RewardConfig
 from rlcr.org.board import Board, render_post
-from rlcr.org.protocol import KEYWORDS, Action, find_refs, mentions, one_line, parse_turn, quote_block
+from rlcr.org.protocol import KEYWORDS, Action, Ref, find_refs, mentions, one_line, parse_turn, quote_block
 from rlcr.org.records import EpisodeRecord, EpisodeRow, TurnRow
-from rlcr.org.workspace import Workspace
+from rlcr.org.workspace import FileVersion, Workspace
 from rlcr.sandbox import SandboxUnavailable
 from rlcr.tasks import Task, task_lines, verify
 
@@ -196,17 +196,20 @@ class EpisodeState:
                   Block(0, status), Block(1, work), *notes, *for_you]
         return _assemble(blocks, cfg.max_obs_tokens, self.len_fn)
 
+    def part(self, ref: Ref) -> tuple[FileVersion | None, list[str] | None, str]:
+        """(the file, the lines `ref` names or None, why none: `none (task.txt has 8 lines)`)."""
+        f = self.workspace.read(ref.path)
+        lines = f.content.split("\n") if f is not None else []
+        if f is None or ref.last > len(lines):
+            return f, None, f"none ({ref.path} has {len(lines)} lines)" if f is not None else f"none (no file {ref.path})"
+        return f, lines[ref.first - 1 : ref.last], ""
+
     def parts(self, brief: str) -> list[str]:
         """The file parts a brief names (`task.txt:1-8`), each titled and quoted line by line."""
         out: list[str] = []
         for ref in find_refs(brief):
-            f = self.workspace.read(ref.path)
-            lines = f.content.split("\n") if f is not None else []
-            if f is None or ref.last > len(lines):
-                have = f"{ref.path} has {len(lines)} lines" if f is not None else f"no file {ref.path}"
-                out.append(f"part {ref}: none ({have})")
-                continue
-            out += [f"part {ref}:", *quote_block("\n".join(lines[ref.first - 1 : ref.last]))]
+            _, lines, why = self.part(ref)
+            out += [f"part {ref}: {why}"] if lines is None else [f"part {ref}:", *quote_block("\n".join(lines))]
         return out
 
     # ------------------------------------------------------------------------------ acting
@@ -259,13 +262,12 @@ class EpisodeState:
                 return {"kind": kind, "path": act.arg, "refused": err}, f"WRITE refused: {err}", False
             return {"kind": kind, "path": act.arg, "chars": len(act.body)}, None, False
         if kind == "READ":
-            if ":" in act.arg:  # a part of a file: `READ task.txt:9-16`
-                lines = self.parts(act.arg)
-                if lines and not lines[0].endswith(":"):  # `part ...: none (...)`
-                    why = lines[0].split(": ", 1)[1]
+            if ":" in act.arg:  # a part of a file: `READ task.txt:9-16` (the parser checked the range)
+                ref = find_refs(act.arg, 1)[0]
+                f, lines, why = self.part(ref)
+                if lines is None:
                     return {"kind": kind, "path": act.arg, "refused": why}, f"READ {act.arg}: {why}", False
-                f = self.workspace.read(act.arg.split(":", 1)[0])
-                a.notes.extend(["- " + lines[0], *lines[1:]])
+                a.notes.extend([f"- part {ref}:", *quote_block("\n".join(lines))])
                 return {"kind": kind, "path": act.arg, "author": f.author, "version": f.version}, None, False
             f = self.workspace.read(act.arg)
             if f is None:
