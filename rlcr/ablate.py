@@ -230,7 +230,8 @@ def log_variant(tracker, variant: str, seed: int, profile: str, metrics: Mapping
     extra = {k: float(metrics[k]) for k in ("train/success_first", "train/success_last", "train/reward_last",
                                              "train/seconds", "rollout/seconds") if k in metrics}
     tracker.log_params({"variant": variant, "org_mode": VARIANTS[variant].org_mode})
-    tracker.set_tags({"rlcr.variant": variant, "rlcr.seed": str(seed), "rlcr.profile": profile})
+    tracker.set_tags({"rlcr.variant": variant, "rlcr.seed": str(seed), "rlcr.profile": profile,
+                      "rlcr.policy_out": f"ablations/{run_label(variant, seed)}/policy"})
     tracker.log_metrics({**head, **extra}, step=int(metrics.get("train/iterations", 0)))
     log_table(tracker, dict(metrics), "metrics.json")
     return {**head, **extra}

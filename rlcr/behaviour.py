@@ -28,8 +28,19 @@ time/critical_path_tokens, time/total_tokens, time/critical_path_ratio (= critic
 behaviour/malformed_turns, behaviour/turns, behaviour/malformed_rate
 skill/<role>/turns, skill/<role>/correct_turns, skill/<role>/turn_correct
                                    each role's sub-skill: turns of agents in that role (ceo, worker,
-                                   verifier, tester, lead) that are well-formed and whose equations
-                                   (`6+5=11`) and verdicts (`APPROVE 6+5=11` of a true claim) all hold
+                                   verifier, tester, lead) that are well-formed, whose equations
+                                   (`6+5=11`) and verdicts (`APPROVE 6+5=11` of a true claim) all hold,
+                                   and whose operands were copied: each operand of an equation is a
+                                   number of the observation's task, brief, parts, org briefs, posts
+                                   or working (agent and post ids aside), or a result written earlier
+                                   in the same turn (`operands_copied`); a CEO adding `3+6` when its
+                                   workers posted 13 and 5 fails here, though 3+6=9 holds
+skill/<role>/combines, .../combines_correct, .../combine_correct
+                                   a manager's combine: a turn that SUBMITs or POSTs a number after
+                                   posts of its workers/leads with results are in its observation;
+                                   correct when the number is the sum of each hire's latest result
+                                   (one per brief) plus its task's terms no hire was given
+                                   (`combine_is_right`): the copy-from-posts sub-skill on its own
 rollout/outcome, rollout/success (outcome == 1), rollout/truncated, rollout/rounds
 """
 
@@ -164,7 +175,10 @@ def episode_metrics(record: EpisodeRecord, len_fn: Callable[[str], int] = approx
         mine = [t for t in record.turns if t.role == role]
         if mine:
             m[f"skill/{role}/turns"] = len(mine)
-            m[f"skill/{role}/correct_turns"] = sum(not t.malformed and turn_is_correct(t.completion) for t in mine)
+            m[f"skill/{role}/correct_turns"] = sum(not t.malformed and turn_is_correct(t.completion, t.prompt) for t in mine)
+            combines = [c for c in (combine_is_right(t.prompt, t.completion) for t in mine) if c is not None]
+            if combines:
+                m[f"skill/{role}/combines"], m[f"skill/{role}/combines_correct"] = len(combines), sum(combines)
     m.update({"rollout/outcome": ep.outcome, "rollout/success": float(ep.outcome >= 1.0),
               "rollout/truncated": float(ep.truncated), "rollout/rounds": ep.rounds})
     return {k: float(v) for k, v in m.items()}
@@ -184,8 +198,9 @@ def _equation_true(m: re.Match) -> bool:
     return _value(m.group(1)) == int(m.group(2))
 
 
-def turn_is_correct(completion: str) -> bool:
-    """Every equation in the turn holds, except a judged claim, where the verdict must fit the claim."""
+def turn_is_correct(completion: str, prompt: str | None = None) -> bool:
+    """Every equation in the turn holds, except a judged claim, where the verdict must fit the claim;
+    with the observation (`prompt`), every operand was also copied from it (`operands_copied`)."""
     for line in completion.split("\n"):
         verdict = _VERDICT.search(line)
         if verdict:
@@ -195,11 +210,62 @@ def turn_is_correct(completion: str) -> bool:
             line = line[: verdict.start()]
         if not all(_equation_true(m) for m in _EQ.finditer(line)):
             return False
+    return prompt is None or operands_copied(completion, prompt)
+
+
+_ID = re.compile(r"(?:agent|#)\d+")
+_NUMBER = re.compile(r"\d+")
+
+
+def observed_numbers(prompt: str) -> set[int]:
+    """The numbers an agent may copy: those of the observation's content lines (`| ...` of the task,
+    brief, parts, org chart, files; `[#n ...]` posts; `- your working: ...`), agent and post ids aside.
+    Header lines (round, limits, tokens left) are not content."""
+    lines = [ln for ln in prompt.split("\n") if ln.startswith(("| ", "[#", "- your working: "))]
+    return {int(x) for x in _NUMBER.findall(_ID.sub(" ", "\n".join(lines)))}
+
+
+def operands_copied(completion: str, prompt: str) -> bool:
+    """Each operand of each equation in the turn (sign aside) is an observed number or a result the
+    turn wrote before it: the copying sub-skill, apart from the adding."""
+    known = observed_numbers(prompt)
+    for m in _EQ.finditer(completion):
+        if any(int(x) not in known for x in _NUMBER.findall(m.group(1))):
+            return False
+        known.add(abs(int(m.group(2))))
     return True
+
+
+_DELIVERED = re.compile(r"^(?:SUBMIT\s+(-?\d+)\s*$|POST\s+@agent\d+\s+(?:.*=)?\s*(-?\d+)\s*$)", re.MULTILINE)
+
+
+def combine_is_right(prompt: str, completion: str) -> bool | None:
+    """Whether a manager's turn delivers the sum of its hires' latest results (one per brief) plus the
+    task terms it gave no hire; None when the turn is no combine (no hire's result in view, or no
+    number delivered by SUBMIT / POST to someone)."""
+    from rlcr.org.scripted import read_view, terms_of
+
+    v = read_view(prompt)
+    kids = {i: brief for i, (role, parent, brief) in v.org.items() if parent == v.me and role in ("worker", "lead")}
+    results: dict[str, int] = {}
+    for pid in sorted(v.posts):
+        author, text = v.posts[pid]
+        if author in kids and "=" in text and not _VERDICT.search(text) and (m := re.search(r"=\s*(-?\d+)\s*$", text)):
+            results[kids[author]] = int(m.group(1))
+    delivered = [int(a or b) for a, b in _DELIVERED.findall(completion)]
+    if not results or not delivered:
+        return None
+    rest = list(v.terms() or [])
+    for brief in results:
+        for t in terms_of(brief) or []:
+            if t in rest:
+                rest.remove(t)
+    return delivered[-1] == sum(results.values()) + sum(rest)
 
 
 _POOLED = {
     **{f"skill/{r}/turn_correct": (f"skill/{r}/correct_turns", f"skill/{r}/turns") for r in SKILL_ROLES},
+    **{f"skill/{r}/combine_correct": (f"skill/{r}/combines_correct", f"skill/{r}/combines") for r in SKILL_ROLES},
     "behaviour/false_approval_rate": ("behaviour/false_approvals", "behaviour/approvals_checked"),
     "behaviour/idle_share": ("behaviour/idle_agents", "org/hires"),
     "behaviour/malformed_rate": ("behaviour/malformed_turns", "behaviour/turns"),

@@ -220,6 +220,16 @@ class BootstrapConfig:
     the traces give verifiers something to reject (the wrong agents' own turns are not imitated)."""
     verifier_error_rate: float = 0.0
     """Scripted verifiers' error rate when they recompute a claim."""
+    verify_error_rates: tuple[float, ...] = ()
+    """Error rates drawn instead of `error_rates` in the verify style's episodes (empty: the same):
+    with 0.5 a verifier judges about as many wrong pair sums as right ones, so its verdict must come
+    from the comparison, not from how often claims are right."""
+    tail_share: float = 0.0
+    """tiny only: share of the drill's examples that are, instead of a worked sum, the tail of a kept
+    turn that builds on others' results (its observation from the status line on, then the turn)."""
+    reuse_weight: int = 1
+    """Each kept turn that builds on other agents' results (a verifier's, or an equation written after
+    reading posts: a manager's combine) is imitated this many times per pass; 1 = like any turn."""
     drill_share: float = 0.0
     """tiny only: share of steps that drill worked sums (`68+57+42=` -> `68+57=125;125+42=167`):
     copying numbers and adding them, as every role's turn does, without the ~400-token observation."""
@@ -263,6 +273,12 @@ class BootstrapConfig:
             _fail("bootstrap.error_rates", f"must be a non-empty list of rates in [0, 1], got {list(self.error_rates)}")
         if not 0.0 <= self.verifier_error_rate <= 1.0:
             _fail("bootstrap.verifier_error_rate", f"must be in [0, 1], got {self.verifier_error_rate}")
+        if not all(0.0 <= r <= 1.0 for r in self.verify_error_rates):
+            _fail("bootstrap.verify_error_rates", f"must be rates in [0, 1] (empty: error_rates), got {list(self.verify_error_rates)}")
+        if not 0.0 <= self.tail_share <= 1.0:
+            _fail("bootstrap.tail_share", f"must be in [0, 1], got {self.tail_share}")
+        if isinstance(self.reuse_weight, bool) or not isinstance(self.reuse_weight, int) or self.reuse_weight < 1:
+            _fail("bootstrap.reuse_weight", f"must be an integer >= 1, got {self.reuse_weight!r}")
         if not 0.0 <= self.drill_share < 1.0:
             _fail("bootstrap.drill_share", f"must be in [0, 1): some steps must train on traces, got {self.drill_share}")
         if self.eval_tasks < 0:

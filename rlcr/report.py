@@ -541,6 +541,15 @@ def training_lines(s: Sources) -> list[str]:
     if s.has(BOOT, "bootstrap/company/sampled", "bootstrap/single/sampled"):
         out.append(f"- Bootstrap held-out check (no interval): company {s.ref(BOOT, 'bootstrap/company/sampled')}, "
                    f"single agent {s.ref(BOOT, 'bootstrap/single/sampled')}.")
+    skills = []
+    for role, what, label in (("ceo", "turn_correct", "CEO turns"), ("ceo", "combine_correct", "CEO combines"),
+                              ("worker", "turn_correct", "worker turns"), ("verifier", "turn_correct", "verifier turns")):
+        key, n = f"bootstrap/company/sampled/skill/{role}/{what}", f"bootstrap/company/sampled/skill/{role}/" + (
+            "turns_total" if what == "turn_correct" else "combines_total")
+        if s.has(BOOT, key, n):
+            skills.append(f"{label} {s.ref(BOOT, key)} (of {s.ref(BOOT, n, '.0f')})")
+    if skills:
+        out.append("- Bootstrap sub-skills (company, sampled; right share of each kind of turn): " + ", ".join(skills) + ".")
     if s.has(TRAIN, "train/iterations"):
         delta = f", change {s.ref(TRAIN, 'eval/success_delta', '+.2f')}" if s.has(TRAIN, "eval/success_delta") else ""
         out.append(f"- RL training: {s.ref(TRAIN, 'train/iterations', 'd')} iterations{delta}.")

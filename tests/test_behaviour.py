@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from rlcr.behaviour import aggregate, behaviour_metrics, claim_is_right, episode_metrics, verdict
+from rlcr.behaviour import (
+    aggregate,
+    behaviour_metrics,
+    claim_is_right,
+    combine_is_right,
+    episode_metrics,
+    verdict,
+)
 from rlcr.config import OrgConfig
 from rlcr.org import run_episodes
 from rlcr.org.scripted import Replay, ScriptedOrg
@@ -130,3 +137,16 @@ def test_each_roles_sub_skill_counts_its_well_formed_true_turns(fixed):
     agg = aggregate([m])
     assert agg["skill/verifier/turn_correct"] == pytest.approx(3 / 4)
     assert "skill/lead/turn_correct" not in agg  # no lead: no rate, never 0
+
+
+def test_a_managers_combine_is_judged_against_its_hires_results():
+    obs = ("agent0 | role ceo | you lead the company | depth 0\norg (3 agents, nearest first):\n| agent0 ceo\n| agent1 worker <- agent0: 9+3\n"
+           "| agent2 worker <- agent0: 7-4\nround 3 of 12 | tokens left 466\ntask:\n| 9+3+7-4+5\n"
+           "for you (last 2 of 2):\n[#1 agent1 worker] @agent0 9+3=12\n[#2 agent2 worker] @agent0 7-4=3")
+    assert combine_is_right(obs, "12+3=15;15+5=20\nSUBMIT 20")  # the hires' results + the term no hire got
+    assert not combine_is_right(obs, "10+3=13\nSUBMIT 13")  # holds as arithmetic, but 10 is no hire's result
+    assert combine_is_right(obs, "WAIT") is None and combine_is_right(obs.split("for you")[0], "SUBMIT 20") is None
+    tasks = build_family("sum").generate(4, 20, 3)
+    for style in ("delegate", "verify"):
+        m = behaviour_metrics(run_episodes(tasks, ScriptedOrg(style, seed=2), OrgConfig(max_rounds=40)))
+        assert m["skill/ceo/combines_total"] == 20 and m["skill/ceo/combine_correct"] == 1.0, style

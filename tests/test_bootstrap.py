@@ -60,6 +60,22 @@ def test_turn_is_correct(text, ok):
     assert B.turn_is_correct(text) is ok
 
 
+OBS = ("agent0 | role ceo | depth 0\nround 3 of 12 | tokens left 466\ntask:\n| 9+4+2+3\n"
+       "for you (last 2 of 2):\n[#1 agent1 worker] @agent0 9+4=13\n[#2 agent2 worker] @agent0 2+3=5")
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("13+5=18\nSUBMIT 18", True),  # both results copied from the posts
+    ("3+6=9\nSUBMIT 9", False),  # holds, but 6 is in no content line (the round's 3 of 12 is not content)
+    ("9+4=13;13+2=15;15+3=18\nSUBMIT 18", True),  # the task's terms, then its own results
+    ("13+7=20\nSUBMIT 20", False),  # 7 copied from nowhere
+    ("12+1=13\nSUBMIT 13", False),  # agent1 and post #1 are ids, not numbers to copy
+    ("POST @agent0 APPROVE 9+4=13", True),
+])
+def test_operands_must_come_from_the_observation(text, ok):
+    assert B.turn_is_correct(text, OBS) is ok
+
+
 def test_only_agents_that_erred_are_dropped_and_verifiers_learn_from_wrong_posts():
     recs = B.scripted_traces(sums(40, 3), cfg(episodes=40, styles={"verify": 1.0}, error_rates=(0.3,)),
                              PARAMS.org, PARAMS.reward, LEN)
@@ -104,6 +120,28 @@ def test_examples_are_the_bridge_encoding_with_loss_on_the_turn_only():
     short, dropped = B.trace_examples(recs, TOK, 200)
     assert dropped > 0 and all(len(e.input_ids) <= 200 for e in short)
 
+
+
+def test_turns_that_build_on_others_results_are_weighted_and_verify_episodes_draw_their_own_rates():
+    c = cfg(episodes=300, styles={"verify": 1, "delegate": 1}, error_rates=(0.0,), verify_error_rates=(0.5,))
+    assert {(s.style, s.error_rate) for s in B.draw_specs(300, c)} == {("verify", 0.5), ("delegate", 0.0)}
+    recs = B.scripted_traces(sums(12, 1) + sums(12, 3), cfg(episodes=24, styles={"verify": 1}), PARAMS.org,
+                             PARAMS.reward, LEN)
+    kept = [t for _, t in B.kept_turns(recs)]
+    reused = [t for t in kept if B.builds_on_others(t)]
+    assert {t.role for t in reused} == {"ceo", "verifier"}  # combines and verdicts, never a worker's own sum
+    assert all("=" in t.completion for t in reused if t.role == "ceo")
+    once, _ = B.trace_examples(recs, TOK, PARAMS.org.context_tokens)
+    thrice, _ = B.trace_examples(recs, TOK, PARAMS.org.context_tokens, reuse_weight=3)
+    assert len(thrice) == len(once) + 2 * len(reused)
+
+
+def test_scripted_verifiers_copy_the_terms_from_their_own_brief():
+    recs = B.scripted_traces(sums(8, 3), cfg(episodes=8, styles={"verify": 1}, error_rates=(0.0,)), PARAMS.org,
+                             PARAMS.reward, LEN)
+    briefs = [m["brief"] for r in recs for m in r.episode.org() if m["role"] == "verifier"]
+    assert briefs and all(re.fullmatch(r"check @agent\d+ \d+[-+]\d+", b) for b in briefs), briefs
+    assert all(r.episode.outcome == 1.0 for r in recs)
 
 SHAPES = [[87, 21, 96, 91], [87, 21], [108, 187], [5, -3], [4, 7, -2]]
 

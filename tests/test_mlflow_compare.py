@@ -101,6 +101,7 @@ def test_every_child_logs_the_same_few_headline_keys_with_variant_seed_profile(s
         assert run.data.metrics["eval/success"] == pytest.approx(metrics[f"{variant}/success"])
         assert run.data.params["variant"] == variant and run.data.params["seed"] == str(seed)
         assert run.data.params["profile"] == "tiny" and run.data.tags["rlcr.variant"] == variant
+        assert run.data.tags["rlcr.policy_out"] == f"ablations/{variant}__s{seed}/policy"
         assert run.data.tags["mlflow.parentRunId"] == sweep["parent"]
         curve = client.get_metric_history(run_id, "train/rollout/success")
         assert [m.step for m in curve] == [1, 2, 3], "the learning curve is one metric over steps"

@@ -95,17 +95,20 @@ def log_adapter(tracker, adapter: str | Path, base: str | Path, name: str) -> Lo
 
 
 def log_trained(tracker, folder: str | Path, start: str | Path, register: bool = False):
-    """The train loop's end: `folder` as the model `policy` (merged weights when LoRA-trained), its
-    `lora_adapter/` (if any) as the model `lora_adapter` on the starting policy `start`, and with
-    `register` the policy as the newest `rlcr-policy@latest-trained` -> the policy's LoggedPolicy.
+    """The train loop's end: with `register` (the train stage), `folder` as the model `policy` (merged
+    weights when LoRA-trained), registered as the newest `rlcr-policy@latest-trained`; its
+    `lora_adapter/` (if any) as the model `lora_adapter` on the starting policy `start` -> the
+    LoggedPolicy of the policy (else of the adapter, else None).
 
-    An unregistered LoRA run (an ablation) logs its adapter only: the merged folder is the start plus
-    the adapter, and 21 ablation runs of SmolLM2 would otherwise store 21 copies of 540 MB."""
+    An unregistered run (an ablation) logs its adapter only, and a fully fine-tuned one no model: the
+    policy is the run's DVC out (an ablation's run tags it `rlcr.policy_out`). The merged folder is the start plus the
+    adapter, 21 ablation runs of SmolLM2 would store 21 copies of 540 MB, and each
+    `mlflow.transformers.save_model` of even the tiny policy costs ~5-7 s (measured on 2 cores)."""
     from rlcr.policy.models import ADAPTER_DIR
 
     adapter = Path(folder) / ADAPTER_DIR
     has_adapter = (adapter / "adapter_config.json").is_file()
-    info = log_policy(tracker, folder, "policy") if register or not has_adapter else None
+    info = log_policy(tracker, folder, "policy") if register else None
     if has_adapter:
         adapter_info = log_adapter(tracker, adapter, start, "lora_adapter")
         info = info or adapter_info

@@ -18,6 +18,12 @@ filter    An agent's turns are imitated only when everything the agent itself as
           that would hide exactly the situations verifiers exist for.
 examples  One per kept turn: prompt_ids(observation) is context, completion_ids(turn) (text + eos)
           the loss-carrying target; THE encoding of `rlcr.policy.bridge`.
+tails     A turn that copies or judges other agents' results (a manager's combine `12+3=15` of its
+          workers' posts, a verifier's verdict) is rarer than the turns around it and was the weak
+          sub-skill (measured: greedy CEOs combined the wrong numbers in most 4-term tasks while every
+          worker was right). So such turns count `bootstrap.reuse_weight` times among the trace
+          examples, and `bootstrap.tail_share` of the drill's examples are their observation's tail
+          (from the status line: task or brief, then the posts) followed by the turn.
 drill     (tiny only) `bootstrap.drill_share` of the steps train worked sums instead,
           `<bos>68+57+42+37=` -> `68+57=125;125+42=167;167+37=204\\n`: copying numbers from
           earlier text and adding two of them, the skills behind every role's turn, at ~30 tokens
@@ -90,7 +96,12 @@ def draw_specs(n: int, cfg: BootstrapConfig) -> list[TraceSpec]:
     rng = random.Random(f"bootstrap-mixture:{cfg.seed}")
     styles = [s for s in STYLES if cfg.styles.get(s, 0) > 0]
     weights = [cfg.styles[s] for s in styles]
-    return [TraceSpec(rng.choices(styles, weights)[0], rng.choice(cfg.error_rates)) for _ in range(n)]
+    out = []
+    for _ in range(n):
+        style = rng.choices(styles, weights)[0]
+        out.append(TraceSpec(style, rng.choice(cfg.verify_error_rates if style == "verify" and cfg.verify_error_rates
+                                                 else cfg.error_rates)))
+    return out
 
 
 def scripted_traces(tasks: Sequence[Task], cfg: BootstrapConfig, org: OrgConfig, reward: RewardConfig,
@@ -123,7 +134,7 @@ def scripted_traces(tasks: Sequence[Task], cfg: BootstrapConfig, org: OrgConfig,
 
 def correct_agents(record: EpisodeRecord) -> set[int]:
     """Agents all of whose own assertions are true (see the module docstring)."""
-    bad = {t.agent for t in record.turns if not turn_is_correct(t.completion)}
+    bad = {t.agent for t in record.turns if not turn_is_correct(t.completion, t.prompt)}
     if record.episode.submitter >= 0 and record.episode.outcome < 1.0:
         bad.add(record.episode.submitter)
     return {t.agent for t in record.turns} - bad
@@ -165,15 +176,55 @@ def trace_stats(records: Sequence[EpisodeRecord]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------- examples
 
 
-def trace_examples(records: Sequence[EpisodeRecord], tokenizer, context: int) -> tuple[list[SFTExample], int]:
-    """(examples of the kept turns, how many did not fit `context` and were left out)."""
+def builds_on_others(turn) -> bool:
+    """A verifier's turn, or a turn with an equation whose observation holds posts to it: the turns
+    that copy and judge other agents' results (`bootstrap.reuse_weight`)."""
+    return turn.role == "verifier" or ("=" in turn.completion and "\nfor you (" in turn.prompt)
+
+
+def observation_tail(prompt: str) -> str:
+    """The observation from its status line (`round 3 of 12 | tokens left 466`) on: the task or brief
+    and the posts to this agent, what a combine or a verdict copies from."""
+    at = prompt.rfind("\nround ")
+    return prompt[at + 1:] if at >= 0 else prompt
+
+
+def tail_examples(records: Sequence[EpisodeRecord], tokenizer) -> list[SFTExample]:
+    """One short example per kept turn that builds on others' results: the observation's tail, then
+    the turn (loss on the turn only), ~50 tokens instead of ~400 (`bootstrap.tail_share`)."""
+    out = []
+    for _, t in kept_turns(records):
+        if builds_on_others(t):
+            p, c = prompt_ids(tokenizer, observation_tail(t.prompt)), completion_ids(tokenizer, t.completion)
+            out.append(SFTExample(tuple(p + c), tuple([0] * len(p) + [1] * len(c))))
+    return out
+
+
+def mix_in(drill: list[SFTExample], extra: Sequence[SFTExample], share: float, seed: int) -> list[SFTExample]:
+    """`drill` with a `share` of its places (spread evenly) taken by `extra` examples, shuffled and cycled."""
+    if not extra or share <= 0:
+        return drill
+    pool = list(extra)
+    random.Random(f"bootstrap-tails:{seed}").shuffle(pool)
+    out, j = list(drill), 0
+    for i in range(len(out)):
+        if int((i + 1) * share) > int(i * share):
+            out[i], j = pool[j % len(pool)], j + 1
+    return out
+
+
+def trace_examples(records: Sequence[EpisodeRecord], tokenizer, context: int,
+                   reuse_weight: int = 1) -> tuple[list[SFTExample], int]:
+    """(examples of the kept turns, a turn that builds on others' results `reuse_weight` times; how
+    many turns did not fit `context` and were left out)."""
     out, too_long = [], 0
     for _, t in kept_turns(records):
         p, c = prompt_ids(tokenizer, t.prompt), completion_ids(tokenizer, t.completion)
         if len(p) + len(c) > context:
             too_long += 1
             continue
-        out.append(SFTExample(tuple(p + c), tuple([0] * len(p) + [1] * len(c))))
+        ex = SFTExample(tuple(p + c), tuple([0] * len(p) + [1] * len(c)))
+        out += [ex] * (reuse_weight if builds_on_others(t) else 1)
     return out, too_long
 
 
@@ -471,17 +522,20 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
         records = scripted_traces(train_tasks, cfg, params.org, params.reward, token_length_fn(tok))
         res.metrics.update(trace_stats(records))
         context = min(params.model.context, params.org.context_tokens)
-        traces, too_long = trace_examples(records, tok, context)
+        traces, too_long = trace_examples(records, tok, context, cfg.reuse_weight)
         if not traces:
             raise ValueError("no scripted turn was kept for SFT: check bootstrap.error_rates and the org limits")
         n_drill = drill_steps(cfg.steps, cfg.drill_share) * cfg.drill_batch_size
         exclude = {t.prompt.replace(" ", "") for t in eval_tasks}
         shapes = sum_shapes(drill_tasks(params.prepare.train, cfg.seed, exclude))
         drill = arithmetic_examples(n_drill, tok, cfg.seed, shapes, exclude) if n_drill else []
+        tails = tail_examples(records, tok) if cfg.tail_share > 0 else []
+        drill = mix_in(drill, tails, cfg.tail_share, cfg.seed)
         batches = step_batches([len(e.input_ids) for e in traces], len(drill), cfg.steps, cfg.batch_size, cfg.drill_batch_size,
                                cfg.drill_share, cfg.seed)
         res.metrics.update({"traces/examples": len(traces), "traces/too_long": too_long,
-                            "traces/tokens": sum(len(e.input_ids) for e in traces), "drill/examples": len(drill)})
+                            "traces/tokens": sum(len(e.input_ids) for e in traces), "drill/examples": len(drill),
+                            "drill/tail_examples": len(tails)})
         res.metrics["perf/prepare_s"] = time.perf_counter() - t0
         # sft
         t1, seen = time.perf_counter(), [0.0]
@@ -531,4 +585,5 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
 
 __all__ = ["STYLES", "BootstrapResult", "bootstrap_policy", "link_base", "TraceSpec", "arithmetic_examples", "sum_shapes", "long_sum_shapes",
            "drill_tasks", "drill_accuracy", "correct_agents", "draw_specs", "kept_turns",
-           "step_batches", "length_batches", "drill_steps", "quick_eval", "scripted_traces", "trace_examples", "trace_stats", "turn_is_correct"]
+           "step_batches", "length_batches", "drill_steps", "quick_eval", "scripted_traces", "trace_examples", "trace_stats", "builds_on_others",
+           "observation_tail", "tail_examples", "mix_in", "turn_is_correct"]
