@@ -225,7 +225,11 @@ def q2(s: Sources) -> Finding:
     for p in policies:
         lengths = sorted({int(key.split("/")[4]) for key in s.files.get(EVAL, {})
                           if key.startswith(f"compare/company_vs_single/{p}/difficulty/")})
-        for part in ("short", *(f"difficulty/{d}" for d in lengths), "long"):
+        short_max, long_min = s.get(EVAL, "eval/short_max"), s.get(EVAL, "eval/long_min")
+        alone = {ds[0] for ds in ([d for d in lengths if short_max is not None and d <= short_max],
+                                  [d for d in lengths if long_min is not None and d >= long_min]) if len(ds) == 1}
+        # a length that is all of the short (or long) tasks would repeat that row: left out
+        for part in ("short", *(f"difficulty/{d}" for d in lengths if d not in alone), "long"):
             k = f"compare/company_vs_single/{p}/{part}/"
             if not s.has(EVAL, k + "success_diff"):
                 continue

@@ -18,7 +18,7 @@ def test_quick_profile_runs_every_stage_and_writes_the_report(project_copy):
     data = yaml.safe_load(path.read_text())
     data["profile"] = "quick"
     data["ablate"]["variants"] = ["collective", "no_verifiers"]  # the matrix reads the list as written
-    data["ablate"]["seeds"] = [0, 1]
+    data["ablate"]["seeds"] = [0]  # the 3-seed matrix: the default repro; the sweep test runs 2 seeds
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
     t0 = time.perf_counter()
