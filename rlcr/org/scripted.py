@@ -13,14 +13,12 @@ styles
               depth, else a `worker` (who then writes out the partial sums of its part). When both
               halves have results it adds them (`125+79=204`) and posts to its manager, or SUBMITs.
     verify    delegate, plus: one round after hiring a worker, the manager hires a verifier with the
-              brief `check @agentN 7+8` (the worker and its part); it accepts the worker's result only
-              once the verifier APPROVEs, and hires a new worker for that part after a REJECT. Leads' results are not verified.
+              brief `check @agentN`; it accepts the worker's result only once the verifier APPROVEs,
+              and hires a new worker for that part after a REJECT. Leads' results are not verified.
 
 Briefs: with a task file in the workspace (`org.task_file`, one term per line) a manager names the
 part instead of re-typing it (`HIRE worker: task.txt:5-8`, a verifier `check @agent3 task.txt:5-8`);
-the hire reads its terms from the part its observation shows. Without one, briefs carry the terms
-(a verifier copies them from its own brief, as a worker does, not from the org chart's line of the
-worker it checks).
+the hire reads its terms from the part its observation shows. Without one, briefs carry the terms.
 
 Error model (seeded by (seed, episode, agent, round), so runs are reproducible): every addition any
 scripted agent writes is off by a nonzero amount in [-10, 10] with probability `error_rate`; a
@@ -256,8 +254,7 @@ class ScriptedOrg:
         if not targets or int(targets[0]) not in v.org:
             return "DONE"
         target = int(targets[0])
-        terms = terms_of(v.part) if v.part else terms_of(re.sub(r"@agent\d+", " ", v.text)) or terms_of(v.org[target][2])
-        claim = claim_of(v, target)
+        terms, claim = (terms_of(v.part) if v.part else terms_of(v.org[target][2])), claim_of(v, target)
         if claim is None or not terms:
             return "WAIT"
         parent = v.org.get(v.me, ("", 0, ""))[1]
@@ -321,7 +318,7 @@ class ScriptedOrg:
         if not checkers:
             if planned >= v.max_agents:  # no room for a verifier: take the worker's word
                 return claim, ""
-            return None, f"verifier: check @agent{kid} {expr}"
+            return None, f"verifier: check @agent{kid}" + ("" if where is None else f" {expr}")
         verdict = verdict_of(v, checkers[-1])
         if verdict == "APPROVE" and claim is not None:
             return claim, ""

@@ -21,9 +21,10 @@ examples  One per kept turn: prompt_ids(observation) is context, completion_ids(
 tails     A turn that copies or judges other agents' results (a manager's combine `12+3=15` of its
           workers' posts, a verifier's verdict) is rarer than the turns around it and was the weak
           sub-skill (measured: greedy CEOs combined the wrong numbers in most 4-term tasks while every
-          worker was right). So such turns count `bootstrap.reuse_weight` times among the trace
-          examples, and `bootstrap.tail_share` of the drill's examples are their observation's tail
-          (from the status line: task or brief, then the posts) followed by the turn.
+          worker was right). Options (off by default, measured in params.yaml's comment): such
+          turns count `bootstrap.reuse_weight` times among the trace examples, and
+          `bootstrap.tail_share` of the drill's examples are their observation's tail (from the
+          status line: task or brief, then the posts) followed by the turn.
 drill     (tiny only) `bootstrap.drill_share` of the steps train worked sums instead,
           `<bos>68+57+42+37=` -> `68+57=125;125+42=167;167+37=204\\n`: copying numbers from
           earlier text and adding two of them, the skills behind every role's turn, at ~30 tokens
