@@ -149,22 +149,22 @@ def when(ts: str) -> float:
 
 def test_sweep_fans_out_over_two_workers_and_survives_a_killed_worker(cluster):
     t0 = time.time()
-    run_id = run_sweep(cluster, [0])
+    run_id = run_sweep(cluster, [0, 1])
     procs = [cluster["procs"][k] for k in ("server", "mlflow", "a", "b", "control")]
     done = wait_for("the sweep", lambda: finished(cluster, run_id), 400, procs)
     assert done["state_type"] == "COMPLETED", (cluster["base"], done["state"])
-    print(f"sweep of 2 variants x 1 seed: {time.time() - t0:.0f} s")
+    print(f"sweep of 2 variants x 2 seeds: {time.time() - t0:.0f} s")
     from flows.common import artifact_key
     from flows.sweep import sweep_id
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cluster["origin"], capture_output=True, text=True)
     sid = sweep_id("quick", None, commit.stdout.strip())
     runs = {m["name"].removeprefix(f"sweep-{sid}-"): m for m in members(cluster, sid)}
-    labels = [f"{v}__s0" for v in VARIANTS]
+    labels = [f"{v}__s{s}" for v in VARIANTS for s in (0, 1)]
     assert sorted(runs) == sorted(["base", *labels])
     assert all(runs[k]["state_type"] == "COMPLETED" for k in runs)
 
-    # both workers ran members (each works under its own checkout), and the two members overlapped in time
+    # both workers ran members (each works under its own checkout), and two members overlapped in time
     where = {k: [n for n, r in cluster["roots"].items() if (r / ".state/sweep" / sid / k / "dvc.lock").is_file()]
              for k in labels}
     assert all(len(w) == 1 for w in where.values()), where
@@ -172,12 +172,12 @@ def test_sweep_fans_out_over_two_workers_and_survives_a_killed_worker(cluster):
     spans = sorted((when(runs[k]["start_time"]), when(runs[k]["end_time"])) for k in labels)
     assert any(spans[i + 1][0] < spans[i][1] for i in range(len(spans) - 1)), spans
 
-    # MLflow: one parent, two children tagged with variant, seed and their member's flow run id
+    # MLflow: one parent, four children tagged with variant, seed and their member's flow run id
     client, children = ablate_runs(cluster, sid)
-    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
+    assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
     assert len({r.data.tags["mlflow.parentRunId"] for r in children}) == 1
     assert sorted((r.data.tags["ablation"], r.data.tags["seed"]) for r in children) == \
-        sorted((v, "0") for v in VARIANTS)
+        sorted((v, str(s)) for v in VARIANTS for s in (0, 1))
     for r in children:
         label = f"{r.data.tags['ablation']}__s{r.data.tags['seed']}"
         assert r.data.tags["prefect.flow_run_id"] == runs[label]["id"]
@@ -197,10 +197,10 @@ def test_sweep_fans_out_over_two_workers_and_survives_a_killed_worker(cluster):
     assert f"{cluster['mlflow']}/#/experiments/" in sweep_art["data"]
     assert all(artifact_key(f"rlcr-sweep-{sid}-{k}") in arts for k in labels), sorted(arts)
 
-    # a second seed; kill worker a while its member runs, then rerun the sweep
+    # a third seed; kill worker a while its member runs, then rerun the sweep
     t1 = time.time()
-    first = run_sweep(cluster, [0, 1])
-    new = [f"{v}__s1" for v in VARIANTS]
+    first = run_sweep(cluster, [0, 1, 2])
+    new = [f"{v}__s2" for v in VARIANTS]
 
     def running_on_a():
         live = {m["name"].removeprefix(f"sweep-{sid}-") for m in members(cluster, sid) if m["state_type"] == "RUNNING"}
@@ -210,7 +210,7 @@ def test_sweep_fans_out_over_two_workers_and_survives_a_killed_worker(cluster):
     victim = wait_for("a member running on worker a", running_on_a, 240, procs)[0]
     time.sleep(4)  # mid-stage
     kill_tree(cluster["procs"]["a"])
-    second = run_sweep(cluster, [0, 1])
+    second = run_sweep(cluster, [0, 1, 2])
     procs = [cluster["procs"][k] for k in ("server", "mlflow", "b", "control")]
     done = wait_for("the rerun", lambda: finished(cluster, second), 400, procs)
     assert done["state_type"] == "COMPLETED", (cluster["base"], done["state"])
@@ -219,9 +219,9 @@ def test_sweep_fans_out_over_two_workers_and_survives_a_killed_worker(cluster):
 
     _, children = ablate_runs(cluster, sid)
     finished_runs = [(r.data.tags["ablation"], r.data.tags["seed"]) for r in children if r.info.status == "FINISHED"]
-    assert sorted(finished_runs) == sorted((v, str(s)) for v in VARIANTS for s in (0, 1))  # each exactly once
+    assert sorted(finished_runs) == sorted((v, str(s)) for v in VARIANTS for s in (0, 1, 2))  # each exactly once
     others = [r for r in children if r.info.status != "FINISHED"]
     assert all(r.info.status == "KILLED" and r.data.tags["rlcr.sweep_member"] == victim for r in others), \
         [(r.data.tags.get("rlcr.sweep_member"), r.info.status) for r in others]
-    assert len([r for r in children if r.data.tags["rlcr.sweep_member"] in labels]) == 2  # never rerun
+    assert len([r for r in children if r.data.tags["rlcr.sweep_member"] in labels]) == 4  # never rerun
     assert json.loads((cluster["remote"] / "rlcr-sweeps" / sid / victim / "done.json").read_text())["files"]
