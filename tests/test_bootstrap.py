@@ -305,7 +305,7 @@ def test_stage_through_dvc_repro(project_copy):
     data["prepare"]["train"] = [{"name": "sum", "n": 30, "difficulties": [1, 3]}]
     data["prepare"]["eval"] = [{"name": "sum", "n": 4, "difficulties": [1, 3]}, {"name": "rg/gcd", "n": 2}]
     data["bootstrap"].update(episodes=30, steps=12, batch_size=4, drill_share=0.5, drill_batch_size=16,
-                             warmup_steps=2, eval_tasks=4)
+                             warmup_steps=2, eval_tasks=4, drill_first=4)
     data["profiles"]["tiny"] = {"model": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2}}
     (root / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     env = {**os.environ, "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), "RLCR_IMPORTS_OUT": str(root / "imports.json")}

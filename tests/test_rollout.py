@@ -171,7 +171,8 @@ def rollout_params(root: Path, **rollout) -> None:
     data["org"].update({"token_budget": 128, "max_rounds": 4})
     data["rollout"].update({"max_tasks_per_family": 2, **rollout})
     # the real bootstrap stage runs upstream: a few SFT steps on a few scripted episodes
-    data["bootstrap"].update({"steps": 3, "batch_size": 4, "episodes": 12, "warmup_steps": 0, "eval_tasks": 0})
+    data["bootstrap"].update({"steps": 3, "batch_size": 4, "episodes": 12, "warmup_steps": 0, "eval_tasks": 0,
+                              "drill_first": 2})  # the default's 1000 drill steps alone took minutes here
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 

@@ -45,7 +45,8 @@ def tiny_project(root: Path, **train) -> None:
     for section, values in TINY.items():
         data.setdefault(section, {}).update(values)
     if "bootstrap" in data:  # the real bootstrap stage, a few SFT steps on a few scripted episodes
-        data["bootstrap"].update({"steps": 3, "batch_size": 4, "episodes": 12, "warmup_steps": 0, "eval_tasks": 0})
+        data["bootstrap"].update({"steps": 3, "batch_size": 4, "episodes": 12, "warmup_steps": 0, "eval_tasks": 0,
+                                  "drill_first": 2})  # not the default's 1000 drill steps
     data["train"].update(train)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
