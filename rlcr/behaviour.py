@@ -245,6 +245,9 @@ def combine_is_right(prompt: str, completion: str) -> bool | None:
     number delivered by SUBMIT / POST to someone)."""
     from rlcr.org.scripted import read_view, terms_of
 
+    delivered = [int(a or b) for a, b in _DELIVERED.findall(completion)]
+    if not delivered:  # most turns: no need to parse the observation
+        return None
     v = read_view(prompt)
     kids = {i: brief for i, (role, parent, brief) in v.org.items() if parent == v.me and role in ("worker", "lead")}
     results: dict[str, int] = {}
@@ -252,8 +255,7 @@ def combine_is_right(prompt: str, completion: str) -> bool | None:
         author, text = v.posts[pid]
         if author in kids and "=" in text and not _VERDICT.search(text) and (m := re.search(r"=\s*(-?\d+)\s*$", text)):
             results[kids[author]] = int(m.group(1))
-    delivered = [int(a or b) for a, b in _DELIVERED.findall(completion)]
-    if not results or not delivered:
+    if not results:
         return None
     rest = list(v.terms() or [])
     for brief in results:

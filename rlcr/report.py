@@ -222,10 +222,10 @@ def q2(s: Sources) -> Finding:
                        ["No short tasks were run both as a company and as a single agent."])
     body = ["| policy | tasks | modelled-time ratio | success difference | tokens ratio |", "|---|---|---|---|---|"]
     words, lines = {}, []
+    short_max, long_min = s.get(EVAL, "eval/short_max"), s.get(EVAL, "eval/long_min")
     for p in policies:
         lengths = sorted({int(key.split("/")[4]) for key in s.files.get(EVAL, {})
                           if key.startswith(f"compare/company_vs_single/{p}/difficulty/")})
-        short_max, long_min = s.get(EVAL, "eval/short_max"), s.get(EVAL, "eval/long_min")
         alone = {ds[0] for ds in ([d for d in lengths if short_max is not None and d <= short_max],
                                   [d for d in lengths if long_min is not None and d >= long_min]) if len(ds) == 1}
         # a length that is all of the short (or long) tasks would repeat that row: left out
@@ -546,10 +546,11 @@ def training_lines(s: Sources) -> list[str]:
         out.append(f"- Bootstrap held-out check (no interval): company {s.ref(BOOT, 'bootstrap/company/sampled')}, "
                    f"single agent {s.ref(BOOT, 'bootstrap/single/sampled')}.")
     skills = []
-    for role, what, label in (("ceo", "turn_correct", "CEO turns"), ("ceo", "combine_correct", "CEO combines"),
-                              ("worker", "turn_correct", "worker turns"), ("verifier", "turn_correct", "verifier turns")):
-        key, n = f"bootstrap/company/sampled/skill/{role}/{what}", f"bootstrap/company/sampled/skill/{role}/" + (
-            "turns_total" if what == "turn_correct" else "combines_total")
+    for role, rate, count, label in (("ceo", "turn_correct", "turns_total", "CEO turns"),
+                                     ("ceo", "combine_correct", "combines_total", "CEO combines"),
+                                     ("worker", "turn_correct", "turns_total", "worker turns"),
+                                     ("verifier", "turn_correct", "turns_total", "verifier turns")):
+        key, n = (f"bootstrap/company/sampled/skill/{role}/{k}" for k in (rate, count))
         if s.has(BOOT, key, n):
             skills.append(f"{label} {s.ref(BOOT, key)} (of {s.ref(BOOT, n, '.0f')})")
     if skills:

@@ -121,7 +121,6 @@ def test_examples_are_the_bridge_encoding_with_loss_on_the_turn_only():
     assert dropped > 0 and all(len(e.input_ids) <= 200 for e in short)
 
 
-
 def test_turns_that_build_on_others_results_are_weighted_and_verify_episodes_draw_their_own_rates():
     c = cfg(episodes=300, styles={"verify": 1, "delegate": 1}, error_rates=(0.0,), verify_error_rates=(0.5,))
     assert {(s.style, s.error_rate) for s in B.draw_specs(300, c)} == {("verify", 0.5), ("delegate", 0.0)}
@@ -134,7 +133,6 @@ def test_turns_that_build_on_others_results_are_weighted_and_verify_episodes_dra
     once, _ = B.trace_examples(recs, TOK, PARAMS.org.context_tokens)
     thrice, _ = B.trace_examples(recs, TOK, PARAMS.org.context_tokens, reuse_weight=3)
     assert len(thrice) == len(once) + 2 * len(reused)
-
 
 
 SHAPES = [[87, 21, 96, 91], [87, 21], [108, 187], [5, -3], [4, 7, -2]]

@@ -101,8 +101,8 @@ def log_trained(tracker, folder: str | Path, start: str | Path, register: bool =
     LoggedPolicy of the policy (else of the adapter, else None).
 
     An unregistered run (an ablation) logs its adapter only, and a fully fine-tuned one no model: the
-    policy is the run's DVC out (an ablation's run tags it `rlcr.policy_out`). The merged folder is the start plus the
-    adapter, 21 ablation runs of SmolLM2 would store 21 copies of 540 MB, and each
+    policy is the run's DVC out (an ablation's run tags it `rlcr.policy_out`). The merged folder is
+    the start plus the adapter, 21 ablation runs of SmolLM2 would store 21 copies of 540 MB, and each
     `mlflow.transformers.save_model` of even the tiny policy costs ~5-7 s (measured on 2 cores)."""
     from rlcr.policy.models import ADAPTER_DIR
 

@@ -177,6 +177,12 @@ def trace_stats(records: Sequence[EpisodeRecord]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------- examples
 
 
+def turn_example(tokenizer, prompt: str, completion: str) -> SFTExample:
+    """prompt_ids(observation) as context, completion_ids(turn) as the loss-carrying target."""
+    p, c = prompt_ids(tokenizer, prompt), completion_ids(tokenizer, completion)
+    return SFTExample(tuple(p + c), tuple([0] * len(p) + [1] * len(c)))
+
+
 def builds_on_others(turn) -> bool:
     """A verifier's turn, or a turn with an equation whose observation holds posts to it: the turns
     that copy and judge other agents' results (`bootstrap.reuse_weight`)."""
@@ -193,12 +199,8 @@ def observation_tail(prompt: str) -> str:
 def tail_examples(records: Sequence[EpisodeRecord], tokenizer) -> list[SFTExample]:
     """One short example per kept turn that builds on others' results: the observation's tail, then
     the turn (loss on the turn only), ~50 tokens instead of ~400 (`bootstrap.tail_share`)."""
-    out = []
-    for _, t in kept_turns(records):
-        if builds_on_others(t):
-            p, c = prompt_ids(tokenizer, observation_tail(t.prompt)), completion_ids(tokenizer, t.completion)
-            out.append(SFTExample(tuple(p + c), tuple([0] * len(p) + [1] * len(c))))
-    return out
+    return [turn_example(tokenizer, observation_tail(t.prompt), t.completion)
+            for _, t in kept_turns(records) if builds_on_others(t)]
 
 
 def mix_in(drill: list[SFTExample], extra: Sequence[SFTExample], share: float, seed: int) -> list[SFTExample]:
@@ -220,11 +222,10 @@ def trace_examples(records: Sequence[EpisodeRecord], tokenizer, context: int,
     many turns did not fit `context` and were left out)."""
     out, too_long = [], 0
     for _, t in kept_turns(records):
-        p, c = prompt_ids(tokenizer, t.prompt), completion_ids(tokenizer, t.completion)
-        if len(p) + len(c) > context:
+        ex = turn_example(tokenizer, t.prompt, t.completion)
+        if len(ex.input_ids) > context:
             too_long += 1
             continue
-        ex = SFTExample(tuple(p + c), tuple([0] * len(p) + [1] * len(c)))
         out += [ex] * (reuse_weight if builds_on_others(t) else 1)
     return out, too_long
 
@@ -587,4 +588,4 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
 __all__ = ["STYLES", "BootstrapResult", "bootstrap_policy", "link_base", "TraceSpec", "arithmetic_examples", "sum_shapes", "long_sum_shapes",
            "drill_tasks", "drill_accuracy", "correct_agents", "draw_specs", "kept_turns",
            "step_batches", "length_batches", "drill_steps", "quick_eval", "scripted_traces", "trace_examples", "trace_stats", "builds_on_others",
-           "observation_tail", "tail_examples", "mix_in", "turn_is_correct"]
+           "observation_tail", "tail_examples", "mix_in", "turn_example", "turn_is_correct"]
