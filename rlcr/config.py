@@ -731,9 +731,10 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> Par
     profile = raw.get("profile", "tiny")
     if profile not in PROFILES:
         _fail("profile", f"must be one of {list(PROFILES)}, got {profile!r}")
-    if profile != "tiny" and profile in profiles and not profiles[profile]:
-        # an empty block would run the tiny defaults under another name: only the tag would change
-        _fail(f"profiles.{profile}", "is empty: the profile would run the tiny defaults under its name; "
+    if profile != "tiny" and not profiles.get(profile):
+        # a missing or empty block would run the tiny defaults under another name: only the tag would change
+        what = "is empty" if profile in profiles else "is not defined in params.yaml"
+        _fail(f"profiles.{profile}", f"{what}: the profile would run the tiny defaults under its name; "
               "give it its overrides (model, engine, train, ...) or use profile: tiny")
     merged = _deep_merge(raw, profiles.get(profile) or {})
     # explicit overrides (ablation variants, tests) win over the profile
