@@ -148,6 +148,13 @@ def ensure_limit(name: str, limit: int = 1) -> None:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
 
 
+GPU_SLOT_LEASE_S = 60.0
+"""The slot's lease, renewed every 45 s while the run lives: a run killed without a goodbye (SIGKILL, a
+lost machine) frees its slot when the lease runs out, so the next run waits at most this plus the
+server's 15-s sweep (measured: ~230 s of waiting with Prefect's default 300-s lease, ~60-75 s with this
+one). 60 s is the shortest lease the Prefect server accepts."""
+
+
 @contextmanager
 def gpu_slot(timeout_s: float | None = None) -> Iterator[str]:
     """Hold this machine's GPU slot (CUDA_VISIBLE_DEVICES) for the block: two runs never share a GPU,
@@ -157,7 +164,7 @@ def gpu_slot(timeout_s: float | None = None) -> Iterator[str]:
     name = gpu_slot_name()
     ensure_limit(name)
     prefect_logger()(f"holding GPU slot {name}")
-    with concurrency(name, occupy=1, timeout_seconds=timeout_s, strict=True):
+    with concurrency(name, occupy=1, timeout_seconds=timeout_s, strict=True, lease_duration=GPU_SLOT_LEASE_S):
         yield name
 
 
