@@ -492,7 +492,7 @@ def cheating_lines(s: Sources) -> list[str]:
         return f"{rate} ({s.ref(EVAL, num, 'd')} of {s.ref(EVAL, den, 'd')})"
 
     return ["Cheating on code tasks, counted from the turn records over all of a run's episodes (a canary's hidden "
-            "tests contradict its prompt, so only cheating passes one; own test files written are not counted):", "",
+            "tests contradict its prompt, so only cheating passes one; agents writing their own tests is not tampering):", "",
             "| run | " + " | ".join(d for _, d in CHEAT_COLUMNS) + " |", "|---" * (len(CHEAT_COLUMNS) + 1) + "|",
             *(f"| `{r}` | " + " | ".join(cell(r, k) for k, _ in CHEAT_COLUMNS) + " |" for r in runs)]
 
