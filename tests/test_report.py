@@ -99,6 +99,8 @@ def test_summary_sections_plots_and_verdicts(project):
     for name in PLOTS:
         assert (project / f"reports/{name}.png").stat().st_size > 1000 and f"]({name}.png)" in text
     assert "## Q5." in text and "| `collective` |" in text
+    q5 = text.split("## Q5.")[1].split("\n## ")[0]  # sums only: the cheating counters say so plainly
+    assert "Cheating counters: no code tasks in this run." in q5 and "tampering" not in q5
 
 
 def test_too_few_tasks_means_no_claim(project):
