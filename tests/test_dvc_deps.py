@@ -1,5 +1,6 @@
 """What DVC sees as each stage's dependencies (dvc.yaml): the params a stage reads, the SELECTED
-profile's block only, users' data files, and matrix instances named by policy and org.
+profile's block only, users' data files, and matrix instances named by policy and org; and the
+default remote (.dvc/config) that `dvc push` fills and `dvc pull` restores a fresh clone from.
 
 Cheap by design: no stage runs. A copy of the project gets a placeholder for every out, `dvc commit`
 records the pipeline as it stands, and each test edits one thing and reads `dvc status --json`.
@@ -8,6 +9,7 @@ records the pipeline as it stands, and each test edits one thing and reads `dvc 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,29 @@ def test_a_users_file_outside_data_raw_is_refused(tmp_path):
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
         with pytest.raises(ConfigError, match="is not in data/raw/"):
             load_params(tmp_path / "params.yaml")
+
+
+def test_default_remote_push_then_pull_in_a_fresh_clone(tmp_path):
+    """The project's .dvc/config in a one-stage project: its default remote `rlcr` is the folder
+    rlcr-dvc-remote NEXT TO the checkout, so a clone beside it pulls what the first one pushed."""
+    git = lambda cwd, *a: subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=cwd,  # noqa: E731
+                                         check=True, capture_output=True)
+    first = tmp_path / "first"
+    (first / ".dvc").mkdir(parents=True)
+    git(first, "init", "-q")
+    (first / ".dvc/config").write_text((Path(__file__).parents[1] / ".dvc/config").read_text())
+    (first / "dvc.yaml").write_text("stages:\n  make:\n    cmd: mkdir -p out && echo 42 > out/answer.txt\n"
+                                    "    outs: [out]\n")
+    (first / ".gitignore").write_text("/out\n/.dvc/cache\n/.dvc/tmp\n")
+    dvc(first, "repro")
+    git(first, "add", "-A")
+    git(first, "commit", "-qm", "one stage")
+    assert "2 files pushed" in dvc(first, "push").stdout  # out/answer.txt and the folder's listing
+    assert (tmp_path / "rlcr-dvc-remote/files/md5").is_dir()  # outside the checkout, beside it
+
+    git(tmp_path, "clone", "-q", str(first), "second")
+    second = tmp_path / "second"
+    assert not (second / "out").exists()
+    dvc(second, "pull")
+    assert (second / "out/answer.txt").read_text() == "42\n"
+    assert "up to date" in dvc(second, "status").stdout
