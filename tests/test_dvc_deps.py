@@ -154,3 +154,12 @@ def test_default_remote_push_then_pull_in_a_fresh_clone(tmp_path):
     dvc(second, "pull")
     assert (second / "out/answer.txt").read_text() == "42\n"
     assert "up to date" in dvc(second, "status").stdout
+
+
+@pytest.mark.parametrize("section,key,value", [("ablate", "seeds", [0]), ("rollout", "policies", ["bootstrap"])])
+def test_a_profile_cannot_change_what_the_matrix_is_built_from(tmp_path, section, key, value):
+    params = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())
+    params["profiles"]["quick"].setdefault(section, {})[key] = value
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError, match=rf"profiles\.quick\.{section}\.{key}: dvc.yaml's matrix reads the top-level"):
+        load_params(tmp_path / "params.yaml", profile="tiny")

@@ -208,7 +208,7 @@ def test_rollout_stage_through_dvc_repro(project_copy):
     missing = [m for m in imported if not any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps)]
     assert "rlcr/rollout.py" in imported and not missing, f"stage imports modules dvc.yaml does not list: {missing}"
 
-    # nothing changed -> skipped; forced rerun -> byte-identical episode and turn tables (RELIABILITY 13)
+    # nothing changed -> skipped; forced rerun -> byte-identical episode and turn tables (docs/reliability.md, item 13)
     assert "didn't change, skipping" in dvc(root, "repro", "rollout@bootstrap-single").stdout
     before = {o: (root / o).read_bytes() for o in outs[:2]}
     dvc(root, "repro", "-f", "-s", "rollout@bootstrap-single")

@@ -106,7 +106,7 @@ def test_repro_trains_registers_and_skips_when_nothing_changed(project_copy):
     assert version.tags["rlcr.profile"] == run.data.params["profile"] and version.tags["source.run_id"] == run.info.run_id
     assert "Held-out company success" in version.description
 
-    # every rlcr module the stage imported is a declared dependency (RELIABILITY 10)
+    # every rlcr module the stage imported is a declared dependency (docs/reliability.md, item 10)
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["train"]["deps"]
     imported = json.loads((root / "imports.json").read_text())
     missing = [m for m in imported if not any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps)]
