@@ -109,7 +109,7 @@ def split_name(run: str) -> tuple[str, str]:
 def episode_table(episodes: pd.DataFrame) -> pd.DataFrame:
     """The columns analysis needs, with difficulty read from the stored task row and modelled time.
 
-    Modelled time (DESIGN: Time): a company's critical path; a single agent's total tokens."""
+    Modelled time (docs/design.md, "The organisation"): a company's critical path; a single agent's total tokens."""
     missing = [c for c in EPISODE_COLUMNS if c not in episodes.columns]
     if missing:
         raise ValueError(f"episode frame lacks columns {missing}")

@@ -50,8 +50,7 @@ def upstream(root: Path, ablations: bool = True) -> None:
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("report")
     write_rollouts(root)
-    run_stage_body(root, **{"rollout.policies": [{"name": "bootstrap", "path": "x"}, {"name": "trained", "path": "y"}],
-                            "evaluate.n_resamples": 300})
+    run_stage_body(root, **{"rollout.policies": ["bootstrap", "trained"], "evaluate.n_resamples": 300})
     upstream(root)
     return root
 
@@ -141,7 +140,7 @@ def test_evaluate_and_report_through_dvc_repro(project_copy):
     spec["stages"] = {k: spec["stages"][k] for k in ("evaluate", "report")}
     (root / "dvc.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["rollout"]["policies"] = [{"name": "bootstrap", "path": "x"}, {"name": "trained", "path": "y"}]
+    params["rollout"]["policies"] = ["bootstrap", "trained"]
     params["evaluate"]["n_resamples"] = 200
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     write_rollouts(root)

@@ -27,7 +27,7 @@ deepspeed   `deepspeed.initialize` with `configs/deepspeed.json` (what a user ed
             WORLD_SIZE=1 and a free port.
 
 Covers: NaN/Inf in a loss (refused before any backward by the loop) and in any gradient that lives
-in `param.grad` (torch; DeepSpeed ZeRO 0-1) before the step, agreed over ranks (RELIABILITY 11);
+in `param.grad` (torch; DeepSpeed ZeRO 0-1) before the step, agreed over ranks (docs/reliability.md, item 11);
 exact resume for every ZeRO stage in one process (ZeRO 1-3 optimiser states are saved as their
 tensor parts, which load with weights_only, and merged back into the engine's own state on load).
 Does not cover: ZeRO 2-3 move gradients into partitions during backward, so there only the loss and
