@@ -126,7 +126,7 @@ def test_sft_traces_must_not_play_eval_tasks():
         assert_held_out(tasks, tasks[2:])
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     with pytest.raises(ConfigError, match="bootstrap.instruct_steps"):
-        resolve({**raw, "profile": "tiny"}, {"bootstrap.instruct_steps": 2})
+        resolve({**raw, "profile": "tiny"}, {"bootstrap.instruct_steps": 40})
 
 
 def test_the_bootstrap_sft_trains_lora_and_merges_it(folder, tmp_path):
