@@ -203,8 +203,8 @@ class TrainConfig:
 @dataclass(frozen=True)
 class BootstrapConfig:
     """`bootstrap`: supervised fine-tuning on scripted traces before RL, loss on action tokens only
-    (rlcr/train/bootstrap.py). Instruct models (model.kind smollm2/hf) skip SFT: the base model is
-    the bootstrap policy."""
+    (rlcr/train/bootstrap.py). Instruct models (model.kind smollm2/hf) take no SFT unless
+    `instruct_steps` > 0: the base model prompted with the protocol is the bootstrap policy."""
 
     steps: int = 300
     """Optimiser steps of SFT (trace steps and drill steps together)."""
@@ -240,6 +240,11 @@ class BootstrapConfig:
     its own warmup and cosine schedule). Measured on 2 cores: 1200 drill-only steps brought held-out
     two-term sums to 99% and four-term chains to 78%, while 1000 drill steps mixed into 2000 trace
     steps left them at 69% and 3%."""
+    instruct_steps: int = 0
+    """Instruct models (model.kind smollm2/hf) only: steps of a short LoRA SFT (adapters shaped by
+    `train.lora_*`, merged into models/bootstrap) on the scripted traces before the held-out check,
+    with `batch_size`, `lr`, `warmup_steps`, `schedule` and `episodes` as for the tiny SFT; 0 = the
+    base model prompted with the protocol, no SFT (rlcr/train/bootstrap.py `instruct_sft`)."""
     eval_tasks: int = 64
     """Held-out built-in sum tasks for the quick check after bootstrap (metrics/bootstrap.json); 0 = none."""
     lr: float = 1e-3
@@ -258,6 +263,10 @@ class BootstrapConfig:
     def __post_init__(self) -> None:
         if self.drill_first < 0:
             _fail("bootstrap.drill_first", f"must be >= 0, got {self.drill_first}")
+        if self.instruct_steps < 0:
+            _fail("bootstrap.instruct_steps", f"must be >= 0, got {self.instruct_steps}")
+        if self.instruct_steps and self.warmup_steps >= self.instruct_steps:
+            _fail("bootstrap.warmup_steps", f"must be < instruct_steps={self.instruct_steps}, got {self.warmup_steps}")
         for key in ("steps", "batch_size", "episodes", "drill_batch_size"):
             if getattr(self, key) < 1:
                 _fail(f"bootstrap.{key}", f"must be >= 1, got {getattr(self, key)}")
@@ -630,6 +639,9 @@ class Params:
             for i, spec in enumerate(getattr(self.prepare, split)):
                 if spec.name.startswith("jsonl/"):
                     _check_data_path(f"prepare.{split}[{i}].options.path", spec.options.get("path", ""))
+        if self.model.kind == "tiny" and self.bootstrap.instruct_steps:
+            _fail("bootstrap.instruct_steps", "is for instruct models (model.kind smollm2/hf); the tiny "
+                  "model's SFT runs bootstrap.steps")
 
     def section_hash(self, *sections: str) -> str:
         """Short hash of the named sections (all when none): a lineage tag for runs."""
