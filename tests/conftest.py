@@ -59,3 +59,32 @@ def _mlflow_uri_stays_local():
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+QUICK_VARIANTS = ["collective", "no_verifiers"]
+
+
+@pytest.fixture(scope="session")
+def quick_pipeline(tmp_path_factory) -> dict:
+    """The whole pipeline on the `quick` profile (ablation variants QUICK_VARIANTS, seed 0), run once for
+    the tests that read it and change nothing in it: `dvc repro ablate` first (prepare, bootstrap, the
+    ablation matrix; the imports record of its last stage kept as imports_ablate.json), then `dvc repro`
+    (rollouts, train, evaluate, report, headline). -> root, ablate_stdout, stdout, seconds"""
+    import time
+
+    import yaml
+    from helpers import dvc
+
+    root = copy_project(tmp_path_factory.mktemp("quick") / "project")
+    path = root / "params.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["profile"] = "quick"
+    data["ablate"]["variants"] = QUICK_VARIANTS  # the matrix reads the top-level list (profiles cannot change it)
+    data["ablate"]["seeds"] = [0]  # the 3-seed matrix: the default repro; the sweep test runs 2-3 seeds
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    t0 = time.perf_counter()
+    first = dvc(root, "repro", "ablate", timeout=1800)  # a guard against a hang, not a speed test
+    shutil.copy2(root / "imports.json", root / "imports_ablate.json")
+    rest = dvc(root, "repro", timeout=1800)
+    return {"root": root, "ablate_stdout": first.stdout, "stdout": first.stdout + rest.stdout,
+            "seconds": time.perf_counter() - t0}

@@ -165,19 +165,13 @@ def mlflow_runs(root: Path):
 
 
 @pytest.mark.slow
-def test_repro_of_the_matrix_on_the_quick_profile(project_copy):
-    root = project_copy
-    variants = ["collective", "no_verifiers"]
-    path = root / "params.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["profile"] = "quick"
-    data["ablate"]["variants"] = variants  # the matrix reads the top-level list (profiles cannot change it)
-    data["ablate"]["seeds"] = [0]  # one seed here; the across-seed summary is tested in test_report.py
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+def test_repro_of_the_matrix_on_the_quick_profile(quick_pipeline):
+    from conftest import QUICK_VARIANTS
 
-    proc = dvc(root, "repro", "ablate")  # prepare -> bootstrap -> ablate@collective-0, ablate@no_verifiers-0
+    # conftest's quick_pipeline ran `dvc repro ablate`: prepare -> bootstrap -> ablate@collective-0, ablate@no_verifiers-0
+    root, variants, stdout = quick_pipeline["root"], QUICK_VARIANTS, quick_pipeline["ablate_stdout"]
     for v in variants:
-        assert f"Running stage 'ablate@{v}-0'" in proc.stdout
+        assert f"Running stage 'ablate@{v}-0'" in stdout
         assert (root / f"ablations/{v}__s0/policy/config.json").is_file()
         assert (root / f"ablations/{v}__s0/rollout.turns.parquet").is_file()
         m = json.loads((root / f"metrics/ablations/{v}__s0.json").read_text())
@@ -216,7 +210,7 @@ def test_repro_of_the_matrix_on_the_quick_profile(project_copy):
 
     # every rlcr module the stage imported is a declared dependency (docs/reliability.md, item 10)
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["ablate"]["deps"]
-    imported = json.loads((root / "imports.json").read_text())
+    imported = json.loads((root / "imports_ablate.json").read_text())
     missing = [m for m in imported if not any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps)]
     assert "rlcr/ablate.py" in imported and not missing, f"stage imports modules dvc.yaml does not list: {missing}"
 

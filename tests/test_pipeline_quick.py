@@ -1,9 +1,9 @@
-"""The whole pipeline, every stage of dvc.yaml, through one real `dvc repro` on the `quick` profile."""
+"""The whole pipeline, every stage of dvc.yaml, through real `dvc repro` on the `quick` profile (the
+session fixture `quick_pipeline` of conftest.py, which tests/test_ablate.py reads too)."""
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import yaml
@@ -12,21 +12,11 @@ from test_stage_prepare import dvc
 pytestmark = pytest.mark.slow
 
 
-def test_quick_profile_runs_every_stage_and_writes_the_report(project_copy):
-    root = project_copy
-    path = root / "params.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["profile"] = "quick"
-    data["ablate"]["variants"] = ["collective", "no_verifiers"]  # the matrix reads the list as written
-    data["ablate"]["seeds"] = [0]  # the 3-seed matrix: the default repro; the sweep test runs 2 seeds
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-    t0 = time.perf_counter()
-    proc = dvc(root, "repro")
-    seconds = time.perf_counter() - t0
+def test_quick_profile_runs_every_stage_and_writes_the_report(quick_pipeline):
+    root, seconds, proc_stdout = quick_pipeline["root"], quick_pipeline["seconds"], quick_pipeline["stdout"]
     stages = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     listed = dvc(root, "stage", "list", "--name-only").stdout.split()
-    assert sorted(stages) == sorted(listed), proc.stdout[-3000:]
+    assert sorted(stages) == sorted(listed), proc_stdout[-3000:]
     print(f"quick pipeline: {len(stages)} stages in {seconds:.0f} s")
 
     report = (root / "reports/report.md").read_text()
