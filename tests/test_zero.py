@@ -41,10 +41,11 @@ RESUMED = ("zero2", "zero3")
 TOL = {"zero2": 1e-6, "zero3": 1e-6, "zero2_ckpt": 1e-6}
 """Max |w_ranks - w_one_rank| after one step at lr 1e-3 (Adam's first step moves every weight by
 ~lr): fp32 differs only in the order of the gradient sums (measured 1.4e-8 ZeRO-2, 1.2e-7 ZeRO-3,
-1.4e-8 with gradient checkpointing). bf16 (8-bit mantissa forward and backward on fp32 masters) flips
-the sign of Adam's first step where a gradient is near 0: there the bound is 2 x lr element-wise, and
+1.4e-8 with gradient checkpointing). bf16 (8-bit mantissa forward and backward on fp32 masters, which
+start from the bf16-cast weights) flips the sign of Adam's first step where a gradient is near 0:
+there the bound is 2 x lr + that cast's rounding element-wise, and
 the steps must agree in sign on >= 99% of the weights the reference moves by > lr/2 (measured 99.7%)
-and differ by <= 1e-4 on average (measured 2.7e-5)."""
+and differ by <= 1e-4 on average (measured 5.3e-6; max 2.1e-3)."""
 
 
 def tiny_model():
@@ -170,13 +171,17 @@ def test_two_ranks_take_the_same_step_as_one_rank(runs, name):
     print(f"{name}: 2 ranks vs 1 rank after one step: max |diff| {diff:.2e} (step size {moved:.2e})")
     assert moved > 1e-4
     if name.endswith("bf16"):
-        du = torch.cat([(got[k] - start[k]).flatten() for k in ref])
+        # DeepSpeed's fp32 masters start from the bf16-cast weights: the step is taken from there
+        cast = {k: v.bfloat16().float() for k, v in start.items()}
+        rounding = max(float((cast[k] - start[k]).abs().max()) for k in start)
+        du = torch.cat([(got[k] - cast[k]).flatten() for k in ref])
         ru = torch.cat([(ref[k] - start[k]).flatten() for k in ref])
         big = ru.abs() > 5e-4
         same = float((du.sign() == ru.sign())[big].float().mean())
         mean = float((du - ru).abs().mean())
-        print(f"{name}: same sign on {same:.4f} of the moved weights, mean |diff| {mean:.2e}")
-        assert diff <= 2e-3 + 1e-5 and same >= 0.99 and mean <= 1e-4, (name, diff, same, mean)
+        print(f"{name}: same sign on {same:.4f} of the moved weights, mean |diff| {mean:.2e}, "
+              f"bf16 rounding of the start {rounding:.2e}")
+        assert diff <= 2e-3 + rounding + 1e-6 and same >= 0.99 and mean <= 1e-4, (name, diff, same, mean)
     else:
         assert diff <= TOL[name], (name, diff)
 
