@@ -326,7 +326,7 @@ class ModelConfig:
     10-99), see rlcr/policy/tokenizer.py for what each measured."""
     path: str = ""
     """smollm2: where the converted fp32 folder is cached (empty: models/base/smollm2);
-    hf: the local HF folder to load (required)."""
+    hf: the local HF folder to load, or a hub id `org/name` (its snapshot in the HF cache; required)."""
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "context"):

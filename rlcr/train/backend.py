@@ -354,6 +354,22 @@ def sharded_checkpoints(ckpt_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def check_machine(engine_device: str, engine_kind: str, cfg: TrainConfig) -> None:
+    """Refuse, before any work, params this machine cannot run, naming the setting: a CUDA device
+    without CUDA, the vllm engine without the vllm package, bf16 without DeepSpeed installed."""
+    import importlib.util
+
+    if engine_device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"engine.device is {engine_device!r} but this machine has no CUDA device "
+                           f"(torch {torch.__version__}, torch.cuda.is_available() is False): run profile gpu "
+                           "on a CUDA machine, or pick a CPU profile (tiny, quick, smollm2)")
+    if engine_kind == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("engine.kind is 'vllm' but the vllm package is not installed in this environment "
+                           "(pip install vllm on the CUDA machine), or set engine.kind: torch")
+    if cfg.backend == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise RuntimeError("train.backend is 'deepspeed' but the deepspeed package is not installed")
+
+
 def make_backend(model: torch.nn.Module, cfg: TrainConfig, config_path: str | Path = DEEPSPEED_CONFIG):
     """The backend `train.backend` names."""
     if cfg.backend == "torch":
@@ -361,5 +377,5 @@ def make_backend(model: torch.nn.Module, cfg: TrainConfig, config_path: str | Pa
     return DeepSpeedBackend(model, cfg, config_path)
 
 
-__all__ = ["DEEPSPEED_CONFIG", "DeepSpeedBackend", "TorchBackend", "deepspeed_config", "make_backend",
+__all__ = ["DEEPSPEED_CONFIG", "DeepSpeedBackend", "TorchBackend", "check_machine", "deepspeed_config", "make_backend",
            "sharded_checkpoints", "single_process_env"]

@@ -67,7 +67,7 @@ from rlcr.policy.mlflow_model import log_trained
 from rlcr.policy.models import load_policy, save_policy
 from rlcr.policy.torch_engine import TorchEngine
 from rlcr.tasks import Task
-from rlcr.train.backend import make_backend, sharded_checkpoints
+from rlcr.train.backend import check_machine, make_backend, sharded_checkpoints
 from rlcr.train.checkpoint import (
     CheckpointError,
     DataCursor,
@@ -342,6 +342,7 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
     ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else out_dir.with_name(out_dir.name + ".ckpt")
     if not tasks:
         raise ValueError("no training tasks")
+    check_machine(params.engine.device, params.engine.kind, cfg)  # a GPU profile on a CPU machine stops here
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = params.engine.device  # rollouts and updates on the same device
