@@ -138,8 +138,8 @@ class TrainConfig:
     zero_stage: int = 0
     """DeepSpeed ZeRO stage (0-3); only read when backend is deepspeed."""
     bf16: bool = False
-    """deepspeed only: DeepSpeed's bf16 mode (bf16 weights, activations and gradients; fp32 master
-    weights and optimiser state kept by the ZeRO optimiser)."""
+    """deepspeed only, zero_stage >= 1: DeepSpeed's bf16 mode (bf16 weights, activations and gradients;
+    fp32 master weights and optimiser state kept by the ZeRO optimiser)."""
     gradient_checkpointing: bool = False
     """deepspeed only: HF gradient checkpointing (activations recomputed in backward: less memory, ~1/3
     more compute per update)."""
@@ -207,6 +207,8 @@ class TrainConfig:
         for key in ("bf16", "gradient_checkpointing"):
             if self.backend == "torch" and getattr(self, key):
                 _fail(f"train.{key}", "is a DeepSpeed backend option; set train.backend: deepspeed or turn it off")
+        if self.bf16 and self.zero_stage == 0:
+            _fail("train.bf16", "needs train.zero_stage >= 1 (the ZeRO optimiser keeps the fp32 master weights)")
 
 
 @dataclass(frozen=True)

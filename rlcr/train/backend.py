@@ -33,7 +33,8 @@ run collectives inside every backward (ZeRO-3 also in every forward), so the loo
 `pad_micro_batches(n)` for how many zero-weight micro-batches this rank adds (`pad_micro_batch`) to
 reach the largest count of any rank: every rank then runs the same number of forwards and backwards,
 and a pad adds exactly 0 to the gradients. With several ranks and ZeRO 1-3 the optimiser state lives in
-partitions, so checkpoints (`sharded`) go through DeepSpeed's own `save_checkpoint` /
+partitions (and in bf16 the ZeRO optimiser holds the fp32 masters), so checkpoints (`sharded`) go
+through DeepSpeed's own `save_checkpoint` /
 `load_checkpoint` (each rank writes and reads its partition; `ckpt-<step>/` plus a `ckpt-<step>.done`
 marker written by rank 0 after every rank finished, so a killed save is never resumed). The full
 weights (engine sync, export) are read with the public `deepspeed.zero.GatheredParameters` under
@@ -50,7 +51,8 @@ agreed over ranks (RELIABILITY 11); exact resume for every ZeRO stage in one pro
 optimiser states are saved as their tensor parts, which load with weights_only, and merged back into
 the engine's own state on load) and with several ranks (DeepSpeed's checkpoint files).
 Does not cover: ZeRO 2-3 move gradients into partitions during backward, so there only the loss and
-logits are checked before the step; DeepSpeed's checkpoint files are read with pickle
+logits are checked before the step; a NaN/Inf loss with several ranks is handled as above but no test
+poisons one rank; DeepSpeed's checkpoint files are read with pickle
 (`weights_only=False` inside DeepSpeed), so only resume from folders this run wrote; under ZeRO-3 a
 real micro-batch whose completions are all one token long runs one forward where a pad runs two (an
 uneven all-gather count if the model has partitioned parameters; not seen with real turns, which end
@@ -197,8 +199,9 @@ class DeepSpeedBackend:
         self.model = self.engine.module
         self.lr = cfg.lr
         self.zero_stage, self.bf16 = cfg.zero_stage, cfg.bf16
-        self.sharded = self.world_size > 1 and self.zero_stage > 0
-        """The optimiser state is split over ranks: checkpoints go through DeepSpeed's own files."""
+        self.sharded = self.zero_stage > 0 and (self.world_size > 1 or self.bf16)
+        """Checkpoints go through DeepSpeed's own files: the optimiser state is split over ranks, or held
+        by the bf16 ZeRO optimiser next to its fp32 masters."""
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)
