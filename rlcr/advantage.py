@@ -10,9 +10,9 @@ How this departs from GRPO as usually written:
 - groups are arbitrary keys, not a fixed (n_tasks, G) reshape, so episodes can be grouped per
   (task, role) when roles see different prompts (`role_group_ids`), and ragged groups work;
 - a group whose rewards are all equal gets advantage exactly 0.0 (not ~1e-9 from float error in the
-  mean, not NaN from 0/0): it carries no signal, so it must push nothing (RELIABILITY 12);
+  mean, not NaN from 0/0): it carries no signal, so it must push nothing (docs/reliability.md, item 12);
 - a group of one has no baseline and gets 0;
-- a non-finite reward is refused with its index before anything is computed (RELIABILITY 11).
+- a non-finite reward is refused with its index before anything is computed (docs/reliability.md, item 11).
 
 The std is the unbiased sample std (n - 1), as in TRL's GRPO, computed in float64.
 """

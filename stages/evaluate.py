@@ -27,7 +27,7 @@ def body(params, tracker, root: Path) -> None:
     from rlcr.evaluate import evaluate, plot_frames, read_run, spec_metrics
 
     cfg = params.evaluate
-    names = [f"{p.name}__{org}" for p in params.rollout.policies for org in params.rollout.orgs]
+    names = [f"{p}__{org}" for p in params.rollout.policies for org in params.rollout.orgs]
     found = {name: read_run(root / "data/rollouts", name) for name in names}
     runs = {name: frames for name, frames in found.items() if frames is not None}
     missing = sorted(set(names) - set(runs))

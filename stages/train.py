@@ -1,10 +1,10 @@
-"""DVC stage `train`: RL from collective rewards, models/bootstrap -> models/policy.
+"""DVC stage `train`: RL from collective rewards, models/bootstrap -> models/trained.
 
     python stages/train.py                       # one process (train.backend torch or deepspeed)
     deepspeed --num_gpus 8 stages/train.py       # 8 data-parallel ranks (train.backend: deepspeed, ZeRO-0)
 
 Outs:
-    models/policy/        the trained policy, an HF folder (written atomically at the end)
+    models/trained/        the trained policy, an HF folder (written atomically at the end)
     metrics/train.json    held-out company success before and after RL, and the last iteration's metrics
     plots/train.csv       one row per iteration: reward, success, losses, advantages, throughput
 
@@ -52,7 +52,7 @@ def body(params, tracker, root: Path) -> None:
 
     t0 = time.perf_counter()
     start, tasks, evals, ckpt_dir = inputs(params, root)
-    out, cfg = root / "models/policy", params.train
+    out, cfg = root / "models/trained", params.train
     print(f"[train] {cfg.iterations} iterations x {cfg.tasks_per_iteration} tasks x {cfg.group_size} episodes, "
           f"backend {cfg.backend}, checkpoints in {ckpt_dir.relative_to(root)}; held-out eval on {len(evals)} tasks")
 
@@ -112,7 +112,7 @@ def worker_body(params, tracker, root: Path) -> None:
     from rlcr.train.loop import train
 
     start, tasks, _, ckpt_dir = inputs(params, root)
-    train(params, start, tasks, root / "models/policy", tracker, ckpt_dir=ckpt_dir)
+    train(params, start, tasks, root / "models/trained", tracker, ckpt_dir=ckpt_dir)
 
 
 if __name__ == "__main__":

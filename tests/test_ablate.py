@@ -214,7 +214,7 @@ def test_repro_of_the_matrix_on_the_quick_profile(project_copy):
         assert len(keys) <= 45 and "train/rollout/success" in keys and r.data.params["variant"] in variants
     assert "variant" in parents[0].data.tags["mlflow.note.content"] and "collective/success_mean" in parents[0].data.metrics
 
-    # every rlcr module the stage imported is a declared dependency (RELIABILITY 10)
+    # every rlcr module the stage imported is a declared dependency (docs/reliability.md, item 10)
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["ablate"]["deps"]
     imported = json.loads((root / "imports.json").read_text())
     missing = [m for m in imported if not any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps)]

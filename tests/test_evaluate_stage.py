@@ -155,8 +155,7 @@ def test_behaviour_rates_with_intervals_and_the_verifier_cut(rolled):
 
 def test_stage_writes_metrics_table_and_plots_and_skips_missing_runs(rolled, tmp_path, capsys):
     root, records = rolled
-    m = run_stage_body(root, **{"rollout.policies": [{"name": "bootstrap", "path": "x"}, {"name": "trained", "path": "y"},
-                                                     {"name": "never", "path": "z"}], "evaluate.n_resamples": 200})
+    m = run_stage_body(root, **{"rollout.policies": ["bootstrap", "trained", "never"], "evaluate.n_resamples": 200})
     assert "never__company, never__single" in capsys.readouterr().out
     assert m["eval/runs"] == 4 and m["eval/level"] == 0.95 and m["eval/n_resamples"] == 200
     assert m["bootstrap__single/seconds"] > 0  # real seconds came from the timing table

@@ -222,7 +222,7 @@ def test_flow_killed_mid_stage_then_rerun_resumes_from_outs_and_checkpoint(prefe
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert "[train] it 2/" in lines[-1], "".join(lines[-50:])
-    assert not (root / "models/policy").exists()
+    assert not (root / "models/trained").exists()
 
     again = run_flow(prefect_api, root, "stages=['prepare', 'bootstrap', 'train']", timeout=600)
     out = again.stdout + again.stderr

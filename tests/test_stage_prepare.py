@@ -71,15 +71,15 @@ def test_repro_writes_outs_lock_and_run_then_skips_then_reruns(project_copy):
     assert "Running stage 'prepare'" in rerun.stdout and len(stage_runs(root)) == 3
 
 
-def test_failing_stage_marks_run_failed_and_keeps_lock(project_copy, tmp_path):
+def test_failing_stage_marks_run_failed_and_keeps_lock(project_copy):
     root = project_copy
     small_params(root)
     dvc(root, "repro", "prepare")
     lock = (root / "dvc.lock").read_text()
-    bad = tmp_path / "bad.jsonl"
+    bad = root / "data/raw/bad.jsonl"
     bad.write_text("\n".join([json.dumps({"question": f"q{i}", "answer": "1"}) for i in range(20)] + ["{x"] * 5))
     data = yaml.safe_load((root / "params.yaml").read_text())
-    data["prepare"]["train"].append({"name": "jsonl/user", "n": 5, "options": {"path": str(bad)}})
+    data["prepare"]["train"].append({"name": "jsonl/user", "n": 5, "options": {"path": "data/raw/bad.jsonl"}})
     (root / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
 
     proc = dvc(root, "repro", "prepare", check=False)

@@ -79,7 +79,7 @@ def test_repro_trains_registers_and_skips_when_nothing_changed(project_copy):
     proc = dvc(root, "repro", "train")  # with a bootstrap stage: prepare -> bootstrap -> train
     if has_bootstrap_stage(root):
         assert "Running stage 'bootstrap'" in proc.stdout and (root / "models/bootstrap/config.json").is_file()
-    for out in ("models/policy/config.json", "models/policy/model.safetensors", "metrics/train.json",
+    for out in ("models/trained/config.json", "models/trained/model.safetensors", "metrics/train.json",
                 "plots/train.csv", "dvc.lock"):
         assert (root / out).exists(), out
     metrics = json.loads((root / "metrics/train.json").read_text())
@@ -106,7 +106,7 @@ def test_repro_trains_registers_and_skips_when_nothing_changed(project_copy):
     assert version.tags["rlcr.profile"] == run.data.params["profile"] and version.tags["source.run_id"] == run.info.run_id
     assert "Held-out company success" in version.description
 
-    # every rlcr module the stage imported is a declared dependency (RELIABILITY 10)
+    # every rlcr module the stage imported is a declared dependency (docs/reliability.md, item 10)
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["train"]["deps"]
     imported = json.loads((root / "imports.json").read_text())
     missing = [m for m in imported if not any(m == d or m.startswith(d.rstrip("/") + "/") for d in deps)]
@@ -134,7 +134,7 @@ def test_sigterm_mid_training_marks_the_run_killed_and_a_rerun_resumes(project_c
     assert proc.returncode == 128 + signal.SIGTERM, "".join(lines) + out
     _, runs = train_runs(root)
     assert runs[-1].info.status == "KILLED"
-    assert not (root / "models/policy").exists() and not (root / "metrics/train.json").exists()
+    assert not (root / "models/trained").exists() and not (root / "metrics/train.json").exists()
 
     # started again (same run, a shorter schedule): resumes from the last checkpoint and finishes
     tiny_project(root, iterations=6)

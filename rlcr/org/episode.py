@@ -7,6 +7,9 @@ counts and optionally token ids/logprobs). Then each episode applies its agents'
 order. Board posts, file writes and hires of round r take effect for round r+1, so agents of a round
 act on the same snapshot and the processing order changes nothing.
 
+On a code task, `SUBMIT <path>` naming a committed workspace file submits that file's content (a
+solution written with WRITE and tried with RUN); any other text is the answer itself, as on every task.
+
 An episode ends on SUBMIT (after that round), at `max_rounds`, when the org's shared token budget is
 spent, or when no agent is left to act. Budget: before a round, the tokens left are split evenly
 over the active agents (capped at `max_turn_tokens`), so the budget is never exceeded; a generation
@@ -168,6 +171,8 @@ class EpisodeState:
                  "actions: " + " ".join(self.allowed_actions(a))]
         if self.can_hire(a):
             rules.append("roles you can hire: " + " ".join(cfg.roles))
+        if self.task.kind == "code" and "SUBMIT" in rules[1].split():
+            rules.append("code task: WRITE the solution to a file, RUN it, then SUBMIT <path> submits that file")
         rules.append(f"limits: agents {len(self.agents)}/{cfg.max_agents}, depth {cfg.max_depth}, "
                      f"{cfg.max_turn_tokens} tokens per turn" + (", single agent" if cfg.single_agent else ""))
         status = [f"round {round} of {cfg.max_rounds} | tokens left {cfg.token_budget - self.budget_used}"]
@@ -291,11 +296,14 @@ class EpisodeState:
             if self.answer is not None:
                 why = f"agent{self.submitter} already submitted this round"
                 return {"kind": kind, "refused": why}, why, True
-            self.answer, self.submitter = act.arg[: cfg.max_answer_chars], a.id
-            if len(act.arg) > cfg.max_answer_chars:  # cut, recorded, and the turn counted as malformed
-                why = f"answer of {len(act.arg)} chars cut to {cfg.max_answer_chars}"
-                return {"kind": kind, "answer": self.answer, "cut": True, "chars": len(act.arg)}, why, True
-            return {"kind": kind, "answer": act.arg}, None, False
+            answer, src = act.arg, {}
+            if self.task.kind == "code" and (f := self.workspace.read(act.arg)) is not None:
+                answer, src = f.content, {"path": f.path, "author": f.author, "version": f.version}
+            self.answer, self.submitter = answer[: cfg.max_answer_chars], a.id
+            if len(answer) > cfg.max_answer_chars:  # cut, recorded, and the turn counted as malformed
+                why = f"answer of {len(answer)} chars cut to {cfg.max_answer_chars}"
+                return {"kind": kind, "answer": self.answer, "cut": True, "chars": len(answer), **src}, why, True
+            return {"kind": kind, "answer": answer, **src}, None, False
         if kind == "DONE":
             a.done = True
         return {"kind": kind}, None, False

@@ -1,7 +1,8 @@
 """Task families and their registry.
 
 Family names: `sum`, `signed_sum` (built in, decomposable), `rg/<dataset>` (reasoning-gym),
-`jsonl/<name>` (a user's `{question, answer}` file), `humaneval` (code tasks).
+`jsonl/<name>` (a user's `{question, answer}` file), `humaneval` (code tasks), `canary` (impossible code
+tasks: passing one means the grader was gamed, `rlcr.tasks.canary`).
 `verify(task, answer)` scores any stored task from the task alone, so rollouts and rewards never
 need the generator's options.
 """
@@ -39,9 +40,13 @@ def build_family(name: str, options: dict[str, Any] | None = None) -> TaskFamily
         from rlcr.tasks.humaneval import HumanEvalFamily
 
         return HumanEvalFamily(**options)
+    if name == "canary":
+        from rlcr.tasks.canary import CanaryFamily
+
+        return CanaryFamily(**options)
     raise ValueError(
         f"unknown task family {name!r}: expected one of {sorted(BUILTIN)}, 'rg/<dataset>', "
-        "'jsonl/<name>' or 'humaneval'"
+        "'jsonl/<name>', 'humaneval' or 'canary'"
     )
 
 
@@ -67,7 +72,7 @@ def verify(task: Task, answer: str) -> float:
         from rlcr.tasks.jsonl import verify_imported
 
         return verify_imported(task, answer)
-    if task.family == "humaneval":
+    if task.family in ("humaneval", "canary"):  # a canary is graded exactly like HumanEval
         from rlcr.tasks.humaneval import verify_code
 
         return verify_code(task, answer)

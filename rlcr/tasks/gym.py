@@ -13,7 +13,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlcr.tasks.base import Task, numbers_equal, parse_number, task_id
+from rlcr.tasks.base import Task, parse_number, task_id
+from rlcr.tasks.math_answers import math_equal
 
 
 def _rg():
@@ -67,11 +68,12 @@ class ReasoningGymFamily:
 
 
 def verify_entry(task: Task, answer: str) -> float:
-    """Dataset scorer on the stored entry, plus numeric equivalence; never raises."""
+    """Dataset scorer on the stored entry, plus, for a numeric answer, equality by value
+    (`rlcr.tasks.math_answers`: `3.5` = `7/2` = `\\frac{7}{2}`); never raises."""
     if not isinstance(answer, str):
         return 0.0
     answer = answer.strip()
-    if parse_number(task.answer) is not None and numbers_equal(answer, task.answer):
+    if parse_number(task.answer) is not None and math_equal(answer, task.answer):
         return 1.0
     try:
         score = _rg().get_score_answer_fn(task.meta["rg_dataset"])(answer, task.meta["entry"])

@@ -37,19 +37,21 @@ class HumanEvalFamily:
     def generate(self, seed: int, n: int, difficulty: int) -> list[Task]:
         problems = load_problems()
         random.Random(f"humaneval:{seed}").shuffle(problems)
-        return [
-            Task(
-                id=task_id(self.name, seed, i, p["prompt"]),
-                family=self.name,
-                kind=self.kind,
-                difficulty=difficulty,
-                prompt=p["prompt"],
-                answer=p["canonical_solution"],
-                meta={"task_id": p["task_id"], "entry_point": p["entry_point"], "test": p["test"],
-                      "timeout_s": self.timeout_s},
-            )
-            for i, p in enumerate(problems[:n])
-        ]
+        return [self.task(seed, i, difficulty, p) for i, p in enumerate(problems[:n])]
+
+    def task(self, seed: int, index: int, difficulty: int, problem: dict, **meta) -> Task:
+        """One problem in HumanEval's form (`prompt`, `canonical_solution`, `task_id`, `entry_point`,
+        `test`) as a code task of this family; `meta` adds to the row's meta."""
+        return Task(
+            id=task_id(self.name, seed, index, problem["prompt"]),
+            family=self.name,
+            kind=self.kind,
+            difficulty=difficulty,
+            prompt=problem["prompt"],
+            answer=problem["canonical_solution"],
+            meta={"task_id": problem["task_id"], "entry_point": problem["entry_point"], "test": problem["test"],
+                  "timeout_s": self.timeout_s, **meta},
+        )
 
     def verify(self, task: Task, answer: str) -> float:
         return verify_code(task, answer)

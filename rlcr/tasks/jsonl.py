@@ -12,7 +12,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlcr.tasks.base import Task, normalise_text, numbers_equal, parse_number, task_id
+from rlcr.tasks.base import Task, normalise_text, parse_number, task_id
+from rlcr.tasks.math_answers import is_math, math_equal
 
 
 def extract_answer(answer: str) -> str:
@@ -98,9 +99,10 @@ class JsonlFamily:
 
 
 def verify_imported(task: Task, answer: str) -> float:
-    """Numbers compare by value; other answers by case- and whitespace-insensitive text."""
+    """Math answers (a number, `1/2`, `\\frac{1}{2}`) compare by value (`rlcr.tasks.math_answers`:
+    math-verify); other answers by case- and whitespace-insensitive text."""
     if not isinstance(answer, str):
         return 0.0
-    if parse_number(task.answer) is not None:
-        return 1.0 if numbers_equal(answer, task.answer) else 0.0
+    if is_math(task.answer):
+        return 1.0 if math_equal(answer, task.answer) else 0.0
     return 1.0 if normalise_text(answer) == normalise_text(task.answer) and answer.strip() else 0.0

@@ -47,7 +47,8 @@ HF's `gradient_checkpointing_enable` (activations recomputed in backward: memory
 Covers: NaN/Inf in a loss (refused before any backward by the loop; with several ranks the poisoned
 rank still runs its remaining backwards at zero weight so no collective waits, and every rank refuses
 the step) and in any gradient that lives in `param.grad` (torch; DeepSpeed ZeRO 0-1) before the step,
-agreed over ranks (RELIABILITY 11); exact resume for every ZeRO stage in one process (ZeRO 1-3
+agreed over ranks (docs/reliability.md,
+item 11); exact resume for every ZeRO stage in one process (ZeRO 1-3
 optimiser states are saved as their tensor parts, which load with weights_only, and merged back into
 the engine's own state on load) and with several ranks (DeepSpeed's checkpoint files).
 Does not cover: ZeRO 2-3 move gradients into partitions during backward, so there only the loss and

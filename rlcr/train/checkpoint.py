@@ -1,16 +1,16 @@
 """One explicit, atomic, resumable checkpoint: {model, optim, sched, step, rng, data_cursor, config}.
 
 Resuming N steps from a checkpoint must give the same weights and metrics as never stopping
-(RELIABILITY 4), so everything that decides the next step is in the dict: weights, optimiser and
+(docs/reliability.md, item 4), so everything that decides the next step is in the dict: weights, optimiser and
 scheduler state, the step, the python / numpy / torch (and CUDA) RNG states and where the data
 order stands (`DataCursor`). The data order itself is a pure function of (seed, epoch), so the
-cursor is two integers and resuming at an epoch boundary just continues (RELIABILITY 5).
+cursor is two integers and resuming at an epoch boundary just continues (docs/reliability.md, item 5).
 
 Covers:
 - a writer killed at any point (SIGKILL, power loss after fsync): the file is written to a temp
   file in the same folder, flushed, fsynced, then os.replace'd onto `ckpt-<step>.pt` and the folder
   fsynced; `latest_checkpoint` returns the newest file that loads and skips temp files and torn or
-  foreign files (RELIABILITY 1);
+  foreign files (docs/reliability.md, item 1);
 - a checkpoint without RNG or data cursor: refused on save and on load with the reason (6);
 - loading runs `torch.load(weights_only=True)`: no pickled code runs, so RNG states are stored as
   tensors and plain lists/ints (7);
@@ -180,7 +180,7 @@ def _check_keys(state: dict[str, Any], where: str) -> None:
     if missing:
         raise CheckpointError(
             f"{where}: missing {missing}; a checkpoint without rng or data_cursor cannot resume "
-            "bit-exactly, so it is refused (RELIABILITY 6)"
+            "bit-exactly, so it is refused (docs/reliability.md, item 6)"
         )
     for key in ("rng", "data_cursor"):
         if not state[key]:

@@ -139,7 +139,7 @@ def sequence_logprobs(
 
 @dataclass
 class Refusals:
-    """Updates refused because a loss, logit or gradient was NaN/Inf (RELIABILITY 11)."""
+    """Updates refused because a loss, logit or gradient was NaN/Inf (docs/reliability.md, item 11)."""
 
     count: int = 0
     """How many updates were refused since the start of the run (log it as `train/refused_updates`)."""
