@@ -137,6 +137,12 @@ class TrainConfig:
     """Optimiser backend: plain torch AdamW, or DeepSpeed ZeRO."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage (0-3); only read when backend is deepspeed."""
+    bf16: bool = False
+    """deepspeed only, zero_stage >= 1: DeepSpeed's bf16 mode (bf16 weights, activations and gradients;
+    fp32 master weights and optimiser state kept by the ZeRO optimiser)."""
+    gradient_checkpointing: bool = False
+    """deepspeed only: HF gradient checkpointing (activations recomputed in backward: less memory, ~1/3
+    more compute per update)."""
     minibatches: int = 1
     """Optimiser steps per iteration: the iteration's turns are shuffled into this many minibatches,
     one step each; the first is on-policy, later ones are where the ratio clip acts."""
@@ -198,6 +204,11 @@ class TrainConfig:
             _fail("train.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.backend == "torch" and self.zero_stage != 0:
             _fail("train.zero_stage", "is a DeepSpeed setting; set train.backend: deepspeed or zero_stage: 0")
+        for key in ("bf16", "gradient_checkpointing"):
+            if self.backend == "torch" and getattr(self, key):
+                _fail(f"train.{key}", "is a DeepSpeed backend option; set train.backend: deepspeed or turn it off")
+        if self.bf16 and self.zero_stage == 0:
+            _fail("train.bf16", "needs train.zero_stage >= 1 (the ZeRO optimiser keeps the fp32 master weights)")
 
 
 @dataclass(frozen=True)
@@ -326,7 +337,7 @@ class ModelConfig:
     10-99), see rlcr/policy/tokenizer.py for what each measured."""
     path: str = ""
     """smollm2: where the converted fp32 folder is cached (empty: models/base/smollm2);
-    hf: the local HF folder to load (required)."""
+    hf: the local HF folder to load, or a hub id `org/name` (its snapshot in the HF cache; required)."""
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "context"):

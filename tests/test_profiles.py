@@ -57,8 +57,7 @@ def declared(name: str) -> set[str]:
 
 
 def test_the_shipped_profiles_are_the_known_ones():
-    # gpu is a known name without a block (an empty one would only change the tag): selecting it fails
-    assert set(RAW["profiles"]) == set(PROFILES) - {"gpu"}
+    assert set(RAW["profiles"]) == set(PROFILES)
 
 
 def test_tiny_is_the_default_and_changes_nothing():
@@ -68,7 +67,7 @@ def test_tiny_is_the_default_and_changes_nothing():
     assert (tiny.engine.kind, tiny.engine.device, tiny.engine.dtype) == ("torch", "cpu", "float32")
 
 
-@pytest.mark.parametrize("name", ["quick", "smollm2"])
+@pytest.mark.parametrize("name", ["quick", "smollm2", "gpu"])
 def test_a_profile_moves_exactly_the_keys_it_lists(name):
     tiny, prof = with_profile("tiny"), with_profile(name)
     moved = changed_keys(prof, tiny)
@@ -102,3 +101,41 @@ def test_an_empty_profile_is_refused_with_its_name():
     if not RAW["profiles"].get("gpu"):  # as shipped (no block): selecting gpu fails before any work
         with pytest.raises(ConfigError, match="profiles.gpu: is not defined"):
             with_profile("gpu")
+
+
+def test_gpu_is_vllm_deepspeed_bf16_on_cuda_with_an_hf_model():
+    gpu = with_profile("gpu")
+    assert (gpu.engine.kind, gpu.engine.device, gpu.engine.dtype) == ("vllm", "cuda", "bfloat16")
+    assert (gpu.train.backend, gpu.train.zero_stage, gpu.train.bf16, gpu.train.gradient_checkpointing) == (
+        "deepspeed", 2, True, True)
+    assert gpu.model.kind == "hf" and gpu.model.path and gpu.train.finetune == "full"
+    families = {f.name for f in gpu.prepare.eval}
+    default_rg = {f.name for f in with_profile("tiny").prepare.eval if f.name.startswith("rg/")}
+    assert len(default_rg) == 12 and default_rg <= families and "humaneval" in families
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA: the refusal is for CPU machines")
+def test_gpu_on_a_machine_without_cuda_stops_at_the_start_of_training_naming_the_setting(tmp_path):
+    from rlcr.tasks import build_family
+    from rlcr.tracking import NullTracker
+    from rlcr.train.loop import train
+
+    tasks = build_family("sum", {"digits": 1}).generate(0, 4, 1)
+    with pytest.raises(RuntimeError, match=r"engine.device is 'cuda' but this machine has no CUDA device"):
+        train(with_profile("gpu"), tmp_path / "no-policy-needed", tasks, tmp_path / "out", NullTracker())
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.ckpt").exists()  # nothing was started
+
+
+def test_the_machine_check_names_vllm_and_deepspeed_when_missing(monkeypatch):
+    import importlib.util
+
+    from rlcr.config import TrainConfig
+    from rlcr.train.backend import check_machine
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("vllm", "deepspeed") else real(name, *a))
+    with pytest.raises(RuntimeError, match="engine.kind is 'vllm' but the vllm package is not installed"):
+        check_machine("cpu", "vllm", TrainConfig())
+    with pytest.raises(RuntimeError, match="train.backend is 'deepspeed' but the deepspeed package is not installed"):
+        check_machine("cpu", "torch", TrainConfig(backend="deepspeed"))
+    check_machine("cpu", "torch", TrainConfig())  # the tiny default passes

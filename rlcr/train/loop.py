@@ -67,7 +67,7 @@ from rlcr.policy.mlflow_model import log_trained
 from rlcr.policy.models import load_policy, save_policy
 from rlcr.policy.torch_engine import TorchEngine
 from rlcr.tasks import Task
-from rlcr.train.backend import make_backend
+from rlcr.train.backend import check_machine, make_backend, sharded_checkpoints
 from rlcr.train.checkpoint import (
     CheckpointError,
     DataCursor,
@@ -83,6 +83,9 @@ from rlcr.train.loss import Refusals, policy_loss
 
 RESUMABLE_CHANGES = ("iterations", "checkpoint_every", "keep_last", "eval_tasks")
 """train.* keys that may change between a checkpoint and its resume; any other change is refused."""
+
+KEYED_WHEN_ON = ("bf16", "gradient_checkpointing")
+"""train.* switches that enter the resume key only when on, so runs from before they existed keep their key."""
 
 
 # --------------------------------------------------------------------------------- pure helpers
@@ -264,7 +267,8 @@ def evaluate_folder(folder: str | Path, tasks: Sequence[Task], params: Params, s
 
 def resume_key(params: Params) -> dict[str, Any]:
     """What a checkpoint must agree with to be resumed (everything that shapes the run)."""
-    train = {k: v for k, v in dataclasses.asdict(params.train).items() if k not in RESUMABLE_CHANGES}
+    train = {k: v for k, v in dataclasses.asdict(params.train).items()
+             if k not in RESUMABLE_CHANGES and not (k in KEYED_WHEN_ON and not v)}
     engine = {k: v for k, v in dataclasses.asdict(params.engine).items() if k != "device"}  # CPU -> GPU is fine
     return json.loads(json.dumps({"train": train, "org": dataclasses.asdict(params.org),
                                   "reward": dataclasses.asdict(params.reward), "engine": engine}, default=str))
@@ -338,6 +342,7 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
     ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else out_dir.with_name(out_dir.name + ".ckpt")
     if not tasks:
         raise ValueError("no training tasks")
+    check_machine(params.engine.device, params.engine.kind, cfg)  # a GPU profile on a CPU machine stops here
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = params.engine.device  # rollouts and updates on the same device
@@ -350,6 +355,7 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
         model = wrap_lora(model, cfg)
     model.train()
     backend = make_backend(model, cfg)
+    trainee = getattr(backend, "engine", backend.model)  # DeepSpeed: forwards through its engine (ZeRO-3 needs it)
     served = (lambda: serving_state(backend.model)) if cfg.finetune == "lora" else backend.model_state
     rank, world = backend.rank, backend.world_size
     lead = rank == 0  # logs, checkpoints and writes
@@ -361,13 +367,16 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
     cursor, history, refusals, start, resumed_from = DataCursor(), [], Refusals(), 0, None
     key = json.dumps({**resume_key(params), "world_size": world}, sort_keys=True)
 
-    latest = latest_checkpoint(ckpt_dir)
+    sharded = getattr(backend, "sharded", False)  # ZeRO 1-3 over several ranks: DeepSpeed's own checkpoints
+    found = sharded_checkpoints(ckpt_dir) if sharded else []
+    latest = (found[-1] if found else None) if sharded else latest_checkpoint(ckpt_dir)
     if latest is not None:
-        state = load_checkpoint(latest)
+        state = backend.load_checkpoint(latest) if sharded else load_checkpoint(latest)
         if state["config"].get("resume_key") != key:
             raise CheckpointError(f"{latest}: written with other train/org/reward/engine params or another "
                                   "number of ranks; move it away or restore those to resume")
-        backend.load_state(state["model"], state["optim"])
+        if not sharded:
+            backend.load_state(state["model"], state["optim"])
         restore_rng(state["rng"])
         cursor = DataCursor.from_state(state["data_cursor"])
         start = resumed_from = state["step"]
@@ -424,11 +433,11 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
             n_tokens = sum(len(s.completion) for s in minibatch)
             step_stats: dict[str, float] = {}
             finite = True
-            if not minibatch:  # other ranks step: join their all-reduce with zero gradients
-                backend.backward(sum(p.sum() for p in backend.model.parameters()) * 0.0)
-            for micro in micro_batches(minibatch, cfg.micro_batch_tokens):
+            micros = micro_batches(minibatch, cfg.micro_batch_tokens)
+            pads = backend.pad_micro_batches(len(micros)) if world > 1 else 0  # same count on every rank
+            for micro in micros:
                 batch = {k: v.to(device) for k, v in collate_turns(micro, pad_id).items()}
-                new_lp, logits = completion_logprobs(backend.model, batch)  # (B, C), (B, C, V)
+                new_lp, logits = completion_logprobs(trainee, batch)  # (B, C), (B, C, V)
                 ref_lp = None
                 if reference is not None:
                     with torch.no_grad():
@@ -438,7 +447,12 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
                                           logits=logits, token_count=n_tokens)
                 if not (torch.isfinite(loss.detach()) and torch.isfinite(logits.detach()).all()):
                     finite = False  # no backward of a poisoned loss; the whole step is refused below
-                    break
+                if not finite:
+                    if world == 1:
+                        break
+                    # several ranks: a zero-weight backward keeps every collective in step (then dropped)
+                    backend.backward(new_lp.nan_to_num(0.0).sum() * 0.0)
+                    continue
                 backend.backward(loss)
                 w = stats["losses/tokens"] / n_tokens  # pg, kl, total are already divided by n_tokens
                 for k, v in stats.items():
@@ -448,6 +462,8 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
                     mask = batch["loss_mask"].bool()
                     mismatch.append((new_lp.detach()[mask] - batch["old_logprobs"][mask]).abs().cpu())
                 seen_tokens += int(batch["prompt_mask"].sum() + batch["loss_mask"].sum())
+            for _ in range(pads):  # zero-weight micro-batches up to the largest count of any rank
+                backend.pad_micro_batch(completion_logprobs)
             # step: NaN/Inf in the loss, logits or gradients -> refused before optimizer.step, counted
             if backend.agree(finite):
                 step_stats.update(backend.step(refusals))
@@ -497,7 +513,13 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
                 f"refused {refusals.count} {metrics['perf/iteration_seconds']:.1f}s")
 
         # checkpoint: atomic; the last complete one is what a restart resumes from
-        if lead and ((it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations):
+        due = (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations
+        if sharded and due:  # every rank writes its partition
+            last_ckpt = backend.save_checkpoint(ckpt_dir, {
+                "sched": None, "step": it + 1, "rng": capture_rng(), "data_cursor": cursor.state_dict(),
+                "config": {"resume_key": key}, "history": history, "refused": refusals.count,
+            }, keep_last=cfg.keep_last)
+        elif lead and due:
             model_state, optim_state = backend.state()
             last_ckpt = save_checkpoint(ckpt_dir, {
                 "model": model_state, "optim": optim_state, "sched": None, "step": it + 1,
@@ -506,9 +528,10 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
             }, keep_last=cfg.keep_last)
 
     # the trained policy: a float32 HF folder, written atomically, logged and registered in MLflow
+    final_state = served()  # ZeRO-3 gathers on every rank
     if lead:
         final, _ = load_policy(policy_folder)
-        final.load_state_dict({k: v.cpu() for k, v in served().items()})
+        final.load_state_dict({k: v.cpu() for k, v in final_state.items()})
         save_policy(final, tok, out_dir, adapter=backend.model if cfg.finetune == "lora" else None)
         if last_ckpt is not None:
             tracker.log_artifact(last_ckpt, "checkpoints")
