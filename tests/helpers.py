@@ -12,6 +12,23 @@ from rlcr.config import ModelConfig
 from rlcr.policy.models import build_tiny
 
 
+def torchrun_cmd(script: str, *args: str, nproc: int = 2) -> tuple[list[str], dict[str, str]]:
+    """`torchrun` of `script args` on `nproc` CPU ranks (gloo) at a free port, with an environment that
+    carries no rank variables of an outer launch and one thread per rank. -> (command, env)"""
+    import socket
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", str(nproc), "--master_port", str(port),
+           script, *args]
+    return cmd, env
+
+
 def vary(model, seed: int):
     """`model` with its matrices redrawn at std 0.2, so its outputs vary: at the default init (std 0.02)
     a tiny model just repeats the last character, which would make equality tests pass for the wrong

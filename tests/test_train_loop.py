@@ -342,19 +342,11 @@ def test_deepspeed_zero0_takes_the_same_step_as_torch(start_policy):
 def test_two_ranks_train_data_parallel_and_only_rank_0_writes(start_policy, tmp_path):
     """torchrun with 2 CPU ranks (gloo): each rank rolls out its own tasks, gradients are averaged,
     rank 0 alone checkpoints and writes the policy; a second launch resumes from it."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from helpers import torchrun_cmd
 
     def launch(iterations: int) -> subprocess.CompletedProcess:
-        cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
-               __file__, "run", str(start_policy), str(tmp_path / "out"), str(tmp_path / "ckpt"), str(iterations),
-               str(tmp_path / "report.json"), "deepspeed"]
+        cmd, env = torchrun_cmd(__file__, "run", str(start_policy), str(tmp_path / "out"), str(tmp_path / "ckpt"),
+                                str(iterations), str(tmp_path / "report.json"), "deepspeed")
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
     first = launch(1)

@@ -13,8 +13,6 @@ AdamW as DeepSpeed ZeRO-0 to 1e-6, tests/test_train_loop.py).
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import torchrun_cmd  # noqa: E402
 
 from rlcr.config import ModelConfig, TrainConfig  # noqa: E402
 from rlcr.policy.models import build_tiny  # noqa: E402
@@ -125,14 +124,7 @@ def _ranks(phase: str, out: Path) -> None:
 
 
 def launch(phase: str, out: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
-           __file__, "ranks", phase, str(out)]
+    cmd, env = torchrun_cmd(__file__, "ranks", phase, str(out))
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
