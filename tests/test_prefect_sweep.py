@@ -108,21 +108,32 @@ def cluster(tmp_path_factory):
             kill_tree(p)
 
 
+def api(method: str, url: str, body: dict | None = None, attempts: int = 6) -> httpx.Response:
+    """One request to the Prefect API, retried like Prefect's own client does on 429/502/503: its sqlite
+    database answers 503 while another writer holds it (seen in CI: the rerun's create_flow_run)."""
+    for attempt in range(attempts):
+        r = httpx.request(method, url, json=body, timeout=30)
+        if r.status_code not in (429, 502, 503) or attempt == attempts - 1:
+            return r
+        time.sleep(2 ** attempt)
+    return r
+
+
 def api_post(cluster, path: str, body: dict) -> object:
-    r = httpx.post(f"{cluster['api']}{path}", json=body, timeout=30)
+    r = api("POST", f"{cluster['api']}{path}", body)
     r.raise_for_status()
     return r.json()
 
 
 def run_sweep(cluster, seeds: list[int]) -> str:
-    dep = httpx.get(f"{cluster['api']}/deployments/name/rlcr-sweep/on-demand", timeout=10).json()
+    dep = api("GET", f"{cluster['api']}/deployments/name/rlcr-sweep/on-demand").json()
     params = {"profile": "quick", "variants": VARIANTS, "seeds": seeds, "dvc_remote": str(cluster["remote"]),
               "tracking_uri": cluster["mlflow"]}
     return api_post(cluster, f"/deployments/{dep['id']}/create_flow_run", {"parameters": params})["id"]
 
 
 def flow_run(cluster, run_id: str) -> dict:
-    return httpx.get(f"{cluster['api']}/flow_runs/{run_id}", timeout=10).json()
+    return api("GET", f"{cluster['api']}/flow_runs/{run_id}").json()
 
 
 def finished(cluster, run_id: str) -> dict | None:
