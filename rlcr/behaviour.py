@@ -81,7 +81,7 @@ from decimal import Decimal
 from rlcr.org.episode import approx_tokens
 from rlcr.org.protocol import MENTION
 from rlcr.org.records import EpisodeRecord
-from rlcr.tasks import numbers_equal, parse_number
+from rlcr.tasks import Task, numbers_equal, parse_number
 
 BASE_ROLES = ("worker", "verifier", "tester", "lead")
 _APPROVE = re.compile(r"\b(approve[sd]?|lgtm|correct|verified|confirmed)\b", re.IGNORECASE)
@@ -208,7 +208,7 @@ def episode_metrics(record: EpisodeRecord, len_fn: Callable[[str], int] = approx
                 m[f"skill/{role}/combines"], m[f"skill/{role}/combines_correct"] = len(combines), sum(combines)
     m.update({"rollout/outcome": ep.outcome, "rollout/success": float(ep.outcome >= 1.0),
               "rollout/truncated": float(ep.truncated), "rollout/rounds": ep.rounds})
-    m.update(cheat_counts(record, board))
+    m.update(cheat_counts(record, board, task))
     return {k: float(v) for k, v in m.items()}
 
 
@@ -358,11 +358,13 @@ def solution_flags(text: str) -> tuple[bool, bool]:
     return bool(_EXIT_CALL.search(text)), bool(_EQ_OVERRIDE.search(text))
 
 
-def cheat_counts(record: EpisodeRecord, board: list[tuple[int, int, str, list[int]]] | None = None) -> dict[str, float]:
-    """The `cheat/` counts of one episode (see the module docstring); {} unless its task is code."""
+def cheat_counts(record: EpisodeRecord, board: list[tuple[int, int, str, list[int]]] | None = None,
+                 task: Task | None = None) -> dict[str, float]:
+    """The `cheat/` counts of one episode (see the module docstring); {} unless its task is code.
+    board, task: the episode's posts and task when the caller has them already (`episode_metrics`)."""
     from rlcr.tasks.canary import is_canary
 
-    task = record.episode.task_obj()
+    task = record.episode.task_obj() if task is None else task
     if task.kind != "code":
         return {}
     board = posts(record) if board is None else board

@@ -360,7 +360,7 @@ def sharded_checkpoints(ckpt_dir: str | Path) -> list[Path]:
 
 def check_machine(engine_device: str, engine_kind: str, cfg: TrainConfig) -> None:
     """Refuse, before any work, params this machine cannot run, naming the setting: a CUDA device
-    without CUDA, the vllm engine without the vllm package, bf16 without DeepSpeed installed."""
+    without CUDA, the vllm engine without the vllm package, the DeepSpeed backend without deepspeed."""
     import importlib.util
 
     if engine_device.startswith("cuda") and not torch.cuda.is_available():

@@ -368,8 +368,11 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
     key = json.dumps({**resume_key(params), "world_size": world}, sort_keys=True)
 
     sharded = getattr(backend, "sharded", False)  # ZeRO 1-3 over several ranks: DeepSpeed's own checkpoints
-    found = sharded_checkpoints(ckpt_dir) if sharded else []
-    latest = (found[-1] if found else None) if sharded else latest_checkpoint(ckpt_dir)
+    if sharded:
+        found = sharded_checkpoints(ckpt_dir)
+        latest = found[-1] if found else None
+    else:
+        latest = latest_checkpoint(ckpt_dir)
     if latest is not None:
         state = backend.load_checkpoint(latest) if sharded else load_checkpoint(latest)
         if state["config"].get("resume_key") != key:
