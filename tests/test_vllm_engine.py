@@ -51,7 +51,9 @@ def setup(tmp_path_factory):
     model, tok = varied_policy(0)
     folder = save_policy(model, tok, tmp_path_factory.mktemp("vllm") / "policy")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    return model, tok, VllmEngine(folder, context=CTX)
+    engine = VllmEngine(folder, context=CTX)
+    yield model, tok, engine
+    engine.close()
 
 
 def test_greedy_equals_full_recompute_and_logprobs_match(setup):

@@ -82,6 +82,11 @@ class Engine(Protocol):
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id that pads a batch: the tokenizer's pad token, else its eos, else 0."""
+    return next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+
+
 @torch.no_grad()
 def sequence_logprobs(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
     """(C,) log p(completion[t] | prompt, completion[:t]) by one full forward, float32, on CPU."""

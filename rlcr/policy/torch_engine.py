@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from rlcr.policy.engine import Completion, Sampling
+from rlcr.policy.engine import Completion, Sampling, pad_token_id
 from rlcr.policy.fast_llama import FastLlama, unsupported
 from rlcr.policy.models import DTYPES, load_policy
 from rlcr.policy.prefix_cache import PrefixCache
@@ -152,7 +152,7 @@ class TorchEngine:
         # traffic (measured equal or slower at 8k-32k on 2 cores); a GPU wants big chunks
         self.prefill_tokens = prefill_tokens or (32768 if self.device.type == "cuda" else 4096)
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
-        self.pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+        self.pad_id = pad_token_id(tokenizer)
         self._stop_rules: dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._token_texts: list[str] | None = None
         # KV of sequences already run, valid only for the weights that computed it; 0 bytes: off.

