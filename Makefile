@@ -67,7 +67,7 @@ repro: setup
 # the suite in .venv (its vLLM tests skip there), then the vLLM tests in .venv-vllm: the vLLM engine
 # against full recomputation, and the RL loop with the weight push into vLLM (~2 min)
 test: setup setup-vllm
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
 	$(MAKE) --no-print-directory test-vllm
 
 test-vllm: setup-vllm
