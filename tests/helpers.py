@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from rlcr.config import ModelConfig
+from rlcr.config import ModelConfig, Params, resolve
 from rlcr.policy.models import build_tiny
 
 
@@ -27,6 +27,14 @@ def torchrun_cmd(script: str, *args: str, nproc: int = 2) -> tuple[list[str], di
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", str(nproc), "--master_port", str(port),
            script, *args]
     return cmd, env
+
+
+def params_with(over: dict[str, dict]) -> Params:
+    """The repo's params.yaml with `over` ({section: {key: value}}) set on top, checked like the stages'."""
+    import yaml
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    return resolve(raw, {f"{section}.{k}": v for section, d in over.items() for k, v in d.items()})
 
 
 def vary(model, seed: int):

