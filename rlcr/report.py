@@ -249,10 +249,11 @@ def q2(s: Sources) -> Finding:
             words[p], why = {1: ("yes", "on short tasks the company takes longer than the single agent"),
                              -1: ("no", "even on short tasks the company is faster"),
                              0: ("cannot say", "the short-task time ratio's interval includes one (no speed-up)")}[t]
-        lines.append(f"- `{p}`: **{words[p]}**: {why}.")
+        # three decimals: a bound of 0.9985 decides "below one" but prints as 1.00 with two
+        lines.append(f"- `{p}`: **{words[p]}**: {why} (short-task ratio {s.show(EVAL, k + 'critical_path_ratio', '.3f')}).")
     head = _headline(policies, s)
     k = f"compare/company_vs_single/{head}/short/"
-    ratio = s.show(EVAL, k + "critical_path_ratio")
+    ratio = s.show(EVAL, k + "critical_path_ratio", ".3f")
     short = (f"short: difficulty up to {s.ref(EVAL, 'eval/short_max', 'd')}, long: from {s.ref(EVAL, 'eval/long_min', 'd')}"
              if s.has(EVAL, "eval/short_max", "eval/long_min") else "short and long as configured")
     intro = [f"Communication overhead eats the parallel gain when, on short tasks, the company's modelled time is "
@@ -355,11 +356,13 @@ def q3(s: Sources) -> Finding:
     if runs:
         body += ["Observational: company episodes that hired a verifier or tester vs those that did not (organisations "
                  "choose whom to hire, so task difficulty is confounded).", "",
-                 "| run | with: success | with: per thousand tokens | without: success | without: per thousand tokens |",
-                 "|---|---|---|---|---|"]
+                 "| run | with: episodes | with: success | with: per thousand tokens | without: episodes | "
+                 "without: success | without: per thousand tokens |",
+                 "|---|---|---|---|---|---|---|"]
         for r in runs:
             h, n = f"{r}/verifiers/hired/", f"{r}/verifiers/none/"
-            body.append(f"| `{r}` | {s.ci(EVAL, h + 'success')} | {s.ci(EVAL, h + metric)} | {s.ci(EVAL, n + 'success')} | "
+            body.append(f"| `{r}` | {s.show(EVAL, h + 'episodes', 'd')} | {s.ci(EVAL, h + 'success')} | "
+                        f"{s.ci(EVAL, h + metric)} | {s.show(EVAL, n + 'episodes', 'd')} | {s.ci(EVAL, n + 'success')} | "
                         f"{s.ci(EVAL, n + metric)} |")
         body.append("")
         if not signs:
