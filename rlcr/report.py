@@ -250,7 +250,7 @@ def q2(s: Sources) -> Finding:
                              -1: ("no", "even on short tasks the company is faster"),
                              0: ("cannot say", "the short-task time ratio's interval includes one (no speed-up)")}[t]
         # three decimals: a bound of 0.9985 decides "below one" but prints as 1.00 with two
-        lines.append(f"- `{p}`: **{words[p]}**: {why} (short-task ratio {s.show(EVAL, k + 'critical_path_ratio', '.3f')}).")
+        lines.append(f"- `{p}`: **{words[p]}**: {why}; short-task ratio {s.show(EVAL, k + 'critical_path_ratio', '.3f')}.")
     head = _headline(policies, s)
     k = f"compare/company_vs_single/{head}/short/"
     ratio = s.show(EVAL, k + "critical_path_ratio", ".3f")
