@@ -526,6 +526,34 @@ def runs_table(s: Sources) -> list[str]:
     return out
 
 
+def _right_of(s: Sources, run: str, role: str, kind: str) -> str:
+    """`share (right of n)` of one kind of turn (`turn`, `combine`) of a role; n/a with none."""
+    right, n = {"turn": ("correct_turns_total", "turns_total"),
+                "combine": ("combines_correct_total", "combines_total")}[kind]
+    k = f"{run}/skill/{role}/"
+    if not s.has(EVAL, k + right, k + n) or not s.get(EVAL, k + n):
+        return "n/a"
+    return f"{s.ref(EVAL, k + kind + '_correct')} ({s.ref(EVAL, k + right, '.0f')} of {s.ref(EVAL, k + n, '.0f')})"
+
+
+def organisation_table(s: Sources) -> list[str]:
+    """What the companies built and how well each role did its part: hires per episode (all hires with
+    their total, then verifiers and testers), the org's depth, and the right share of CEO turns, CEO combines (a turn that adds
+    up its hires' posted results), worker turns and verifier turns, each with its count."""
+    runs = [r for r in eval_runs(s) if r.endswith("__company") and s.has(EVAL, f"{r}/org/hires")]
+    if not runs:
+        return []
+    out = ["| run | hires / episode (all) | verifier / tester hires per episode | depth | CEO turns right | "
+           "CEO combines right | worker turns right | verifier turns right |", "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        checks = " / ".join(s.show(EVAL, f"{r}/org/hires_{role}") for role in ("verifier", "tester"))
+        total = f" ({s.ref(EVAL, f'{r}/org/hires_total', '.0f')})" if s.has(EVAL, f"{r}/org/hires_total") else ""
+        out.append(f"| `{r}` | {s.ref(EVAL, f'{r}/org/hires')}{total} | {checks} | {s.show(EVAL, f'{r}/org/depth')} | "
+                   f"{_right_of(s, r, 'ceo', 'turn')} | {_right_of(s, r, 'ceo', 'combine')} | "
+                   f"{_right_of(s, r, 'worker', 'turn')} | {_right_of(s, r, 'verifier', 'turn')} |")
+    return out
+
+
 def family_table(s: Sources, transfer: bool = False) -> list[str]:
     """Success per family and run: the trained families, or (`transfer`) the probes the policy never
     trained on (`<run>/transfer/family/...`)."""
@@ -617,6 +645,9 @@ def template(s: Sources, plots: dict[str, bool], charts: list[str]) -> str:
               *(family_table(s) or ["n/a"]), "", "## Transfer probes", "",
               "Families the policy was never trained on, kept apart from every other figure:", "",
               *(family_table(s, transfer=True) or ["None in this run."]), "",
+              "## Organisation", "",
+              "What each company built (held-out eval, trained families) and how often each role's turns were right:",
+              "", *(organisation_table(s) or ["No company run."]), "",
               "## Training", "", *training_lines(s), ""]
     for q, text, f in findings:
         lines += [f"## {q}. {text}", "", *f.body, ""]

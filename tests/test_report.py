@@ -213,3 +213,21 @@ def test_ablation_answers_use_the_spread_across_seeds():
     s = _seed_files({0: 6.0, 1: -4.0, 2: 1.0})
     s.files[SEEDS] = ablation_summary(s)
     assert q3(s).answer == "cannot say" and "includes zero" in q3(s).body[-1]
+
+
+def test_organisation_table_gives_each_role_its_counts_and_n_a_without_any():
+    from rlcr.report import EVAL, organisation_table
+
+    run = {"success": 0.5, "org/hires": 1.25, "org/hires_total": 160.0, "org/hires_verifier": 0.45,
+           "org/hires_tester": 0.0, "org/depth": 0.39}
+    skills = {"ceo": (221.0, 277.0, 4.0, 48.0), "worker": (101.0, 108.0, 0.0, 0.0), "verifier": (0.0, 0.0, 0.0, 0.0)}
+    for role, (right, n, c_right, c_n) in skills.items():
+        run |= {f"skill/{role}/correct_turns_total": right, f"skill/{role}/turns_total": n,
+                f"skill/{role}/turn_correct": right / n if n else 0.0, f"skill/{role}/combines_correct_total": c_right,
+                f"skill/{role}/combines_total": c_n, f"skill/{role}/combine_correct": c_right / c_n if c_n else 0.0}
+    s = Sources({EVAL: {f"bootstrap__company/{k}": v for k, v in run.items()} | {"bootstrap__single/success": 0.7}})
+    text, spans = fill("\n".join(organisation_table(s)), s)
+    header, _, row = text.splitlines()  # the single agent hires nobody: no row
+    assert header.count("|") == row.count("|") and untraced_figures(text, spans) == []
+    assert row == ("| `bootstrap__company` | 1.25 (160) | 0.45 / 0.00 | 0.39 | 0.80 (221 of 277) | 0.08 (4 of 48) | "
+                   "0.94 (101 of 108) | n/a |")  # no verifier turn: n/a, not 0.00
