@@ -64,10 +64,13 @@ $(VLLM_VENV)/.installed: constraints-vllm.txt
 repro: setup
 	dvc repro
 
-# the suite in .venv (its vLLM tests skip there), then the vLLM tests in .venv-vllm: the vLLM engine
-# against full recomputation, and the RL loop with the weight push into vLLM (~2 min)
+# the suite in .venv on TEST_WORKERS pytest-xdist workers (its tests run single-threaded; --dist loadfile keeps
+# a file's tests, and so its module fixtures, on one worker), its vLLM tests skipped there; then the vLLM
+# tests in .venv-vllm: the vLLM engine against full recomputation, and the RL loop with the weight push
+# into vLLM (~2 min)
+TEST_WORKERS ?= 2
 test: setup setup-vllm
-	$(VENV)/bin/pytest -q --durations=25
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 	$(MAKE) --no-print-directory test-vllm
 
 test-vllm: setup-vllm

@@ -44,6 +44,16 @@ def copy_project(dest: Path) -> Path:
     return dest
 
 
+LONGEST_FIRST = ("test_learning.py",)
+"""Files started first: `make test` runs the suite on 2 workers (pytest-xdist `-n 2 --dist loadfile`: a
+file's tests on one worker, so its module fixtures are built once), and the longest file (~15 min, the
+default bootstrap and RL run) would otherwise start late and end last."""
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the rest keeps its order
+
+
 @pytest.fixture
 def project_copy(tmp_path: Path) -> Path:
     return copy_project(tmp_path / "project")
@@ -69,13 +79,34 @@ def quick_pipeline(tmp_path_factory) -> dict:
     """The whole pipeline on the `quick` profile (ablation variants QUICK_VARIANTS, seed 0), run once for
     the tests that read it and change nothing in it: `dvc repro ablate` first (prepare, bootstrap, the
     ablation matrix; the imports record of its last stage kept as imports_ablate.json), then `dvc repro`
-    (rollouts, train, evaluate, report, headline). -> root, ablate_stdout, stdout, seconds"""
+    (rollouts, train, evaluate, report, headline). -> root, ablate_stdout, stdout, seconds
+
+    Once per pytest run, not per xdist worker: the workers of a run share the parent of their base temp
+    folders; the first to get the lock runs the pipeline and leaves its result there, the others read it."""
+    import json
+    import tempfile
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by this run's workers
+    done = base / "quick_pipeline.json"
+    with FileLock(str(base / "quick_pipeline.lock")):
+        if not done.exists():
+            result = _run_quick_pipeline(Path(tempfile.mkdtemp(prefix="quick_pipeline", dir=base)))
+            done.write_text(json.dumps({**result, "root": str(result["root"])}))
+    result = json.loads(done.read_text())
+    return {**result, "root": Path(result["root"])}
+
+
+def _run_quick_pipeline(folder: Path) -> dict:
     import time
 
     import yaml
     from helpers import dvc
 
-    root = copy_project(tmp_path_factory.mktemp("quick") / "project")
+    root = copy_project(folder / "project")
     path = root / "params.yaml"
     data = yaml.safe_load(path.read_text())
     data["profile"] = "quick"
