@@ -61,14 +61,15 @@ def project_copy(tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def _mlflow_uri_stays_local():
-    """`mlflow.set_tracking_uri` (called by `rlcr.tracking.stage_run`) exports MLFLOW_TRACKING_URI;
-    restore it after each test so a later test's `dvc repro` does not log into an earlier test's db."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
+    """Every test starts and ends without MLFLOW_TRACKING_URI (the suite's baseline, popped above).
+    `mlflow.set_tracking_uri` (called by `rlcr.tracking.stage_run`) exports it, also from a module
+    fixture's in-process stage run, which no per-test restore would undo: a later test's stage
+    subprocess started with os.environ would then log into that fixture's db, not its project's (seen
+    when pytest-xdist ran the files in another order). In-process MLflow calls keep mlflow's own
+    tracking URI, which set_tracking_uri also sets."""
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
     yield
-    if before is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = before
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 QUICK_VARIANTS = ["collective", "no_verifiers"]
