@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine with Python 3.11:
-#   make repro   set up (idempotent) and run the default pipeline with `dvc repro`
+#   make repro   set up (idempotent) and run the default pipeline with `dvc repro` (in 2 lanes)
 #   make test    set up (idempotent) and run the tests
 SHELL := /bin/bash
 VENV ?= .venv
@@ -61,8 +61,12 @@ $(VLLM_VENV)/.installed: constraints-vllm.txt
 	  --python $(VLLM_VENV)/bin/python -r constraints-vllm.txt
 	touch $@
 
+# dvc repro in REPRO_JOBS lanes (rlcr/repro.py): bootstrap, then the ablation stages dealt out over
+# the lanes (train and the rollouts in the first), then the rest; every stage still run by DVC.
+# REPRO_JOBS=1: a plain `dvc repro` (same outs: each stage process computes what it computes alone)
+REPRO_JOBS ?= 2
 repro: setup
-	dvc repro
+	$(PY) -m rlcr.repro --jobs $(REPRO_JOBS)
 
 # the suite in .venv on TEST_WORKERS pytest-xdist workers (its tests run single-threaded; --dist loadfile keeps
 # a file's tests, and so its module fixtures, on one worker), its vLLM tests skipped there; then the vLLM

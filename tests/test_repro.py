@@ -1,0 +1,152 @@
+"""`python -m rlcr.repro`: dvc repro in parallel lanes, on a real DVC project of the same shape as ours
+(bootstrap -> train -> rollout@*, bootstrap -> ablate@*, then a stage that reads them all)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlcr.repro import lane_env, plan_lanes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# each stage writes its out, with when it ran: [start, end] (it sleeps so that lanes can overlap)
+STAGE = ("import json,os,sys,time; t=time.time(); time.sleep(float(os.environ.get('NAP','1'))); "
+         "fail=os.environ.get('FAIL_STAGE')=='{name}'; "
+         "(fail and sys.exit(3)); os.makedirs('out',exist_ok=True); "
+         "json.dump([t,time.time()],open('out/{name}.json','w'))")
+
+
+def _stage(name: str, deps: list[str]) -> dict:
+    return {"cmd": f'{sys.executable} -c "{STAGE.format(name=name)}"', "deps": deps, "outs": [f"out/{name}.json"]}
+
+
+def toy_project(tmp_path: Path, ablations: int = 4) -> Path:
+    root = tmp_path / "proj"
+    root.mkdir()
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=root, check=True, env=_env(root))
+    stages = {"bootstrap": _stage("bootstrap", []), "train": _stage("train", ["out/bootstrap.json"])}
+    names = {"rollout": ["a", "b"], "ablate": [f"v{k}" for k in range(ablations)]}
+    stages["rollout"] = {"foreach": names["rollout"], "do": _stage("rollout@${item}", ["out/train.json"])}
+    stages["ablate"] = {"foreach": names["ablate"], "do": _stage("ablate@${item}", ["out/bootstrap.json"])}
+    stages["report"] = _stage("report", [f"out/{g}@{i}.json" for g, items in names.items() for i in items])
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    return root
+
+
+def _env(root: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "DVC_NO_ANALYTICS": "1", "DVC_SITE_CACHE_DIR": str(root / ".site-cache"), **extra}
+
+
+def _repro(root: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlcr.repro", "--root", str(root), *args], cwd=ROOT,
+                          env=_env(root, **env), capture_output=True, text=True, timeout=300)
+
+
+def _ran(root: Path) -> dict[str, list[float]]:
+    return {p.stem: json.loads(p.read_text()) for p in (root / "out").glob("*.json")}
+
+
+def test_plan_keeps_the_rollouts_together_and_deals_out_the_ablations():
+    stages = ["prepare", "bootstrap", "train", "rollout@x-1", "rollout@x-2", "rollout@y-1"] + [
+        f"ablate@v-{k}" for k in range(7)] + ["evaluate", "report"]
+    lanes = plan_lanes(stages, 2)
+    assert lanes[0][:4] == ["train", "rollout@x-1", "rollout@x-2", "rollout@y-1"]
+    assert sorted(lanes[0][4:] + lanes[1]) == [f"ablate@v-{k}" for k in range(7)]
+    assert (len(lanes[0]), len(lanes[1])) == (6, 5)  # train, 3 rollouts + 2 ablations; 5 ablations
+    assert plan_lanes(stages, 1) == [stages[2:13]]
+    assert plan_lanes(["a", "ablate@1"], 4) == [["ablate@1"]]  # no empty lane
+    with pytest.raises(ValueError, match="jobs"):
+        plan_lanes(stages, 0)
+
+
+def test_lanes_share_the_cores_unless_threads_are_set():
+    assert lane_env(2, {}, cpus=2)["OMP_NUM_THREADS"] == "1"
+    assert lane_env(2, {}, cpus=16)["OMP_NUM_THREADS"] == "8"
+    assert lane_env(4, {}, cpus=2)["OMP_NUM_THREADS"] == "1"
+    assert lane_env(2, {"OMP_NUM_THREADS": "3", "X": "y"}, cpus=2) == {"OMP_NUM_THREADS": "3", "X": "y"}
+
+
+def test_lanes_run_at_once_and_leave_what_a_plain_repro_leaves(tmp_path):
+    root = toy_project(tmp_path)
+    proc = _repro(root, "--jobs", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ran = _ran(root)
+    assert set(ran) == {"bootstrap", "train", "rollout@a", "rollout@b", "report"} | {f"ablate@v{k}" for k in range(4)}
+    assert "[lane 0]" in proc.stdout and "[lane 1]" in proc.stdout
+    lanes = [line for line in proc.stdout.splitlines() if line.startswith("[repro] 2 lanes")]
+    assert lanes, proc.stdout
+    # some stage of lane 1 ran while a stage of lane 0 ran
+    lane1 = [s for s in ran if f" {s}" in lanes[0].split("; 1:")[1]]
+    lane0 = [s for s in ran if f" {s}" in lanes[0].split("; 1:")[0]]
+    assert lane0 and lane1
+    overlap = max(min(ran[a][1], ran[b][1]) - max(ran[a][0], ran[b][0]) for a in lane0 for b in lane1)
+    assert overlap > 0.3, ran
+    assert all(ran["report"][0] >= end for s, (_, end) in ran.items() if s != "report")
+    status = subprocess.run(["dvc", "status"], cwd=root, env=_env(root), capture_output=True, text=True)
+    assert "up to date" in status.stdout, status.stdout  # dvc.lock has every stage
+    locked = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    assert set(locked) == set(ran)
+    again = _repro(root, "--jobs", "2")  # nothing left to run
+    assert again.returncode == 0 and _ran(root) == ran
+
+
+def test_a_failed_lane_stops_the_others_and_its_exit_status_is_returned(tmp_path):
+    root = toy_project(tmp_path, ablations=6)
+    proc = _repro(root, "--jobs", "2", FAIL_STAGE="ablate@v1", NAP="1.5")
+    assert proc.returncode != 0
+    assert "lane 1 failed" in proc.stdout, proc.stdout[-3000:]
+    ran = _ran(root)
+    assert "ablate@v1" not in ran and "report" not in ran
+    assert len([s for s in ran if s.startswith("ablate@")]) < 5  # the other lane was stopped, not run out
+    status = subprocess.run(["dvc", "status"], cwd=root, env=_env(root), capture_output=True, text=True)
+    assert "ablate@v1" in status.stdout  # still to run: nothing recorded it as done
+    fixed = _repro(root, "--jobs", "2")  # a rerun finishes it
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+    assert {f"ablate@v{k}" for k in range(6)} | {"report"} <= set(_ran(root))
+
+
+def test_jobs_1_is_a_plain_dvc_repro_and_bad_jobs_is_an_error(tmp_path):
+    root = toy_project(tmp_path, ablations=2)
+    proc = _repro(root, "--jobs", "1", NAP="0")
+    assert proc.returncode == 0 and "lanes" not in proc.stdout
+    assert len(_ran(root)) == 7
+    bad = _repro(root, "--jobs", "0")
+    assert bad.returncode == 2 and "--jobs must be >= 1" in bad.stderr
+
+
+THREADS_PROBE = """
+import hashlib, sys, torch
+sys.path.insert(0, sys.argv[1])
+from rlcr.config import load_params
+from rlcr.policy.models import build_tiny
+model, tok = build_tiny(load_params(sys.argv[1] + "/params.yaml").model, seed=0)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+torch.manual_seed(0)
+ids = torch.randint(0, model.config.vocab_size, (8, 600))
+digest = hashlib.md5()
+for _ in range(2):
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad()
+    digest.update(out.logits.detach().numpy().tobytes())
+print(torch.get_num_threads(), digest.hexdigest())
+"""
+
+
+def test_the_default_policy_computes_the_same_bits_at_1_and_2_threads():
+    """What lets the lanes share out the cores: the default model's forward, backward and AdamW steps
+    are bit-identical at 1 and 2 torch threads."""
+    runs = [subprocess.run([sys.executable, "-c", THREADS_PROBE, str(ROOT)], capture_output=True, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": n}, timeout=300) for n in ("1", "2")]
+    outs = [r.stdout.split() for r in runs]
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
+    assert [o[0] for o in outs] == ["1", "2"]
+    assert outs[0][1] == outs[1][1]
