@@ -69,12 +69,14 @@ repro: setup
 	$(PY) -m rlcr.repro --jobs $(REPRO_JOBS)
 
 # the suite in .venv on TEST_WORKERS pytest-xdist workers (its tests run single-threaded; --dist loadfile keeps
-# a file's tests, and so its module fixtures, on one worker), its vLLM tests skipped there; then the vLLM
+# a file's tests, and so its module fixtures, on one worker; --no-loadscope-reorder keeps the collection order,
+# in which tests/conftest.py puts the longest file first: xdist's default reorder, most tests first, started
+# that one-test file last, and one worker sat idle ~10 min), its vLLM tests skipped there; then the vLLM
 # tests in .venv-vllm: the vLLM engine against full recomputation, and the RL loop with the weight push
 # into vLLM (~2 min)
 TEST_WORKERS ?= 2
 test: setup setup-vllm
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 	$(MAKE) --no-print-directory test-vllm
 
 test-vllm: setup-vllm

@@ -46,8 +46,10 @@ def copy_project(dest: Path) -> Path:
 
 LONGEST_FIRST = ("test_learning.py",)
 """Files started first: `make test` runs the suite on 2 workers (pytest-xdist `-n 2 --dist loadfile`: a
-file's tests on one worker, so its module fixtures are built once), and the longest file (~15 min, the
-default bootstrap and RL run) would otherwise start late and end last."""
+file's tests on one worker, so its module fixtures are built once; `--no-loadscope-reorder` keeps this
+order), and the longest file (~13 min, the default bootstrap and RL run) would otherwise start late and
+end last: with xdist's reorder (files with most tests first) it started after ~13 min and the other
+worker then sat idle for ~10."""
 
 
 def pytest_collection_modifyitems(items):
