@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 TOGETHER = ("train", "rollout@*")
-"""The default group kept in one lane, in dvc.yaml's order: train, then the rollouts that read its policy."""
+"""The default group kept in one lane, in this order: train, then the rollouts that read its policy."""
 
 
 def _matches(stage: str, globs: str | Sequence[str]) -> bool:
@@ -43,13 +43,15 @@ def _matches(stage: str, globs: str | Sequence[str]) -> bool:
 
 def plan_lanes(stages: Sequence[str], jobs: int, spread: str | Sequence[str] = "ablate@*",
                together: str | Sequence[str] = TOGETHER) -> list[list[str]]:
-    """The stages of each lane: the `together` group whole in the first lane (in the order of
-    `stages`), then each `spread` stage to the lane with the fewest stages so far (ties: the lower
-    lane). Empty lanes are dropped."""
+    """The stages of each lane: the `together` group whole in the first lane, in the order of its
+    globs (a lane runs its stages as listed, without looking at the DAG: `train` before the rollouts
+    of its policy), then each `spread` stage to the lane with the fewest stages so far (ties: the
+    lower lane). Empty lanes are dropped."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     lanes: list[list[str]] = [[] for _ in range(jobs)]
-    lanes[0].extend(s for s in stages if _matches(s, together))
+    for glob in [together] if isinstance(together, str) else together:
+        lanes[0].extend(s for s in stages if fnmatch.fnmatchcase(s, glob) and s not in lanes[0])
     for s in stages:
         if _matches(s, spread) and not _matches(s, together):
             min(lanes, key=len).append(s)
@@ -140,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--before", default="bootstrap", help="the stage run first, alone")
     ap.add_argument("--spread", default="ablate@*", help="stages dealt out over the lanes (glob)")
     ap.add_argument("--together", nargs="+", default=list(TOGETHER),
-                    help="stages kept in one lane, in dvc.yaml's order (globs)")
+                    help="stages kept in one lane, in the order of these globs")
     ap.add_argument("--root", type=Path, default=Path.cwd(), help="the project (default: here)")
     args = ap.parse_args(argv)
     if args.jobs < 1:

@@ -31,9 +31,11 @@ def toy_project(tmp_path: Path, ablations: int = 4) -> Path:
     root = tmp_path / "proj"
     root.mkdir()
     subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=root, check=True, env=_env(root))
-    stages = {"bootstrap": _stage("bootstrap", []), "train": _stage("train", ["out/bootstrap.json"])}
     names = {"rollout": ["a", "b"], "ablate": [f"v{k}" for k in range(ablations)]}
-    stages["rollout"] = {"foreach": names["rollout"], "do": _stage("rollout@${item}", ["out/train.json"])}
+    # as in our dvc.yaml, the rollouts come before train in the file (and so in `dvc stage list`)
+    stages = {"bootstrap": _stage("bootstrap", []),
+              "rollout": {"foreach": names["rollout"], "do": _stage("rollout@${item}", ["out/train.json"])},
+              "train": _stage("train", ["out/bootstrap.json"])}
     stages["ablate"] = {"foreach": names["ablate"], "do": _stage("ablate@${item}", ["out/bootstrap.json"])}
     stages["report"] = _stage("report", [f"out/{g}@{i}.json" for g, items in names.items() for i in items])
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
@@ -54,13 +56,13 @@ def _ran(root: Path) -> dict[str, list[float]]:
 
 
 def test_plan_keeps_the_rollouts_together_and_deals_out_the_ablations():
-    stages = ["prepare", "bootstrap", "train", "rollout@x-1", "rollout@x-2", "rollout@y-1"] + [
+    stages = ["prepare", "bootstrap", "rollout@x-1", "rollout@x-2", "rollout@y-1", "train"] + [
         f"ablate@v-{k}" for k in range(7)] + ["evaluate", "report"]
     lanes = plan_lanes(stages, 2)
-    assert lanes[0][:4] == ["train", "rollout@x-1", "rollout@x-2", "rollout@y-1"]
+    assert lanes[0][:4] == ["train", "rollout@x-1", "rollout@x-2", "rollout@y-1"]  # the globs' order
     assert sorted(lanes[0][4:] + lanes[1]) == [f"ablate@v-{k}" for k in range(7)]
     assert (len(lanes[0]), len(lanes[1])) == (6, 5)  # train, 3 rollouts + 2 ablations; 5 ablations
-    assert plan_lanes(stages, 1) == [stages[2:13]]
+    assert plan_lanes(stages, 1) == [stages[5:6] + stages[2:5] + stages[6:13]]
     assert plan_lanes(["a", "ablate@1"], 4) == [["ablate@1"]]  # no empty lane
     with pytest.raises(ValueError, match="jobs"):
         plan_lanes(stages, 0)
