@@ -31,14 +31,19 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 
 TOGETHER = ("train", "rollout@*")
 """The default group kept in one lane, in this order: train, then the rollouts that read its policy."""
 
 
+def _globs(globs: str | Sequence[str]) -> list[str]:
+    return [globs] if isinstance(globs, str) else list(globs)
+
+
 def _matches(stage: str, globs: str | Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(stage, g) for g in ([globs] if isinstance(globs, str) else globs))
+    return any(fnmatch.fnmatchcase(stage, g) for g in _globs(globs))
 
 
 def plan_lanes(stages: Sequence[str], jobs: int, spread: str | Sequence[str] = "ablate@*",
@@ -50,8 +55,8 @@ def plan_lanes(stages: Sequence[str], jobs: int, spread: str | Sequence[str] = "
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     lanes: list[list[str]] = [[] for _ in range(jobs)]
-    for glob in [together] if isinstance(together, str) else together:
-        lanes[0].extend(s for s in stages if fnmatch.fnmatchcase(s, glob) and s not in lanes[0])
+    for glob in _globs(together):
+        lanes[0].extend(s for s in stages if _matches(s, glob) and s not in lanes[0])
     for s in stages:
         if _matches(s, spread) and not _matches(s, together):
             min(lanes, key=len).append(s)
@@ -113,10 +118,8 @@ def run_lanes(root: Path, lanes: Sequence[Sequence[str]], dvc: str = "dvc") -> i
 def _terminate(procs: Sequence[subprocess.Popen]) -> None:
     for p in procs:
         if p.returncode is None:
-            try:
+            with suppress(ProcessLookupError):  # already gone
                 os.killpg(p.pid, signal.SIGTERM)  # dvc and the stage process it runs
-            except ProcessLookupError:
-                pass
 
 
 def repro(root: Path, jobs: int, before: str = "bootstrap", spread: str | Sequence[str] = "ablate@*",

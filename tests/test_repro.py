@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import dvc
 
 from rlcr.repro import lane_env, plan_lanes
 
@@ -30,7 +31,7 @@ def _stage(name: str, deps: list[str]) -> dict:
 def toy_project(tmp_path: Path, ablations: int = 4) -> Path:
     root = tmp_path / "proj"
     root.mkdir()
-    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=root, check=True, env=_env(root))
+    dvc(root, "init", "--no-scm", "-q")
     names = {"rollout": ["a", "b"], "ablate": [f"v{k}" for k in range(ablations)]}
     # as in our dvc.yaml, the rollouts come before train in the file (and so in `dvc stage list`)
     stages = {"bootstrap": _stage("bootstrap", []),
@@ -43,7 +44,7 @@ def toy_project(tmp_path: Path, ablations: int = 4) -> Path:
 
 
 def _env(root: Path, **extra: str) -> dict[str, str]:
-    return {**os.environ, "DVC_NO_ANALYTICS": "1", "DVC_SITE_CACHE_DIR": str(root / ".site-cache"), **extra}
+    return {**os.environ, "DVC_NO_ANALYTICS": "1", "DVC_SITE_CACHE_DIR": str(root / ".state/dvc"), **extra}
 
 
 def _repro(root: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -91,7 +92,7 @@ def test_lanes_run_at_once_and_leave_what_a_plain_repro_leaves(tmp_path):
     overlap = max(min(ran[a][1], ran[b][1]) - max(ran[a][0], ran[b][0]) for a in lane0 for b in lane1)
     assert overlap > 0.3, ran
     assert all(ran["report"][0] >= end for s, (_, end) in ran.items() if s != "report")
-    status = subprocess.run(["dvc", "status"], cwd=root, env=_env(root), capture_output=True, text=True)
+    status = dvc(root, "status")
     assert "up to date" in status.stdout, status.stdout  # dvc.lock has every stage
     locked = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     assert set(locked) == set(ran)
@@ -107,7 +108,7 @@ def test_a_failed_lane_stops_the_others_and_its_exit_status_is_returned(tmp_path
     ran = _ran(root)
     assert "ablate@v1" not in ran and "report" not in ran
     assert len([s for s in ran if s.startswith("ablate@")]) < 5  # the other lane was stopped, not run out
-    status = subprocess.run(["dvc", "status"], cwd=root, env=_env(root), capture_output=True, text=True)
+    status = dvc(root, "status")
     assert "ablate@v1" in status.stdout  # still to run: nothing recorded it as done
     fixed = _repro(root, "--jobs", "2")  # a rerun finishes it
     assert fixed.returncode == 0, fixed.stdout[-3000:]
