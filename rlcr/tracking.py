@@ -184,6 +184,7 @@ def lineage_tags(root: Path, stage: str, params: Params) -> dict[str, str]:
         "rlcr.stage": stage,
         "rlcr.profile": params.profile,
         "rlcr.params_hash": params.section_hash(),
+        "rlcr.cpu_kernels": os.environ.get("ATEN_CPU_CAPABILITY", "native"),  # rlcr.env.cpu_kernels
         **git_state(root),
     }
     for dep in stage_deps(root, stage):

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from helpers import dvc
 
+from rlcr.env import cpu_kernels
 from rlcr.repro import lane_env, plan_lanes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,8 +126,12 @@ def test_jobs_1_is_a_plain_dvc_repro_and_bad_jobs_is_an_error(tmp_path):
 
 
 THREADS_PROBE = """
-import hashlib, sys, torch
+import hashlib, sys
+from pathlib import Path
 sys.path.insert(0, sys.argv[1])
+from rlcr import env
+env.setup(Path(sys.argv[1]))  # as every stage does, before torch loads
+import torch
 from rlcr.config import load_params
 from rlcr.policy.models import build_tiny
 model, tok = build_tiny(load_params(sys.argv[1] + "/params.yaml").model, seed=0)
@@ -140,7 +145,7 @@ for _ in range(2):
     opt.step()
     opt.zero_grad()
     digest.update(out.logits.detach().numpy().tobytes())
-print(torch.get_num_threads(), digest.hexdigest())
+print(torch.get_num_threads(), digest.hexdigest(), torch.backends.cpu.get_cpu_capability())
 """
 
 
@@ -153,3 +158,40 @@ def test_the_default_policy_computes_the_same_bits_at_1_and_2_threads():
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
     assert [o[0] for o in outs] == ["1", "2"]
     assert outs[0][1] == outs[1][1]
+
+
+PINNED = ("ATEN_CPU_CAPABILITY", "MKL_CBWR")
+PINNED_DIGEST = "91a1295a25e0728f8b987f46f7d89427"
+"""THREADS_PROBE's digest with the kernels rlcr.env pins (AVX2), as computed on the AMD EPYC (AVX-512)
+whose pinned bootstrap stage reproduced the committed dvc.lock and metrics/bootstrap.json of a run made
+on another machine. With the CPU's own AVX-512 kernels it reads 63d24796..., with torch's plain C++
+ones 09116dc1...: a machine that prints another digest here computes other bits, and a repro on it
+gives other metrics than the committed ones."""
+
+
+def _probe(**env_vars: str) -> list[str]:
+    base = {k: v for k, v in os.environ.items() if k not in PINNED}  # conftest's env.setup already pinned them
+    r = subprocess.run([sys.executable, "-c", THREADS_PROBE, str(ROOT)], capture_output=True, text=True,
+                       env={**base, **env_vars}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.split()
+
+
+def test_cpu_kernels_are_pinned_to_avx2_on_x86_cpus_that_have_it():
+    avx2 = "flags : fpu sse2 avx avx2 fma avx512f\n"
+    assert cpu_kernels("x86_64", avx2) == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+    assert cpu_kernels("AMD64", avx2) == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+    assert cpu_kernels("x86_64", "flags : fpu sse2 avx\n") == {}  # no AVX2: the CPU's own kernels
+    assert cpu_kernels("aarch64", avx2) == {}
+
+
+@pytest.mark.skipif(not cpu_kernels(), reason="rlcr.env pins kernels on x86-64 CPUs with AVX2 only")
+def test_a_stage_process_computes_the_committed_runs_bits():
+    """env.setup pins torch's kernels, so this machine computes the bits of the machine that made the
+    committed metrics; the user's own ATEN_CPU_CAPABILITY still wins."""
+    threads, digest, capability = _probe()
+    assert capability == "AVX2"
+    assert digest == PINNED_DIGEST, (
+        f"this CPU computes other bits than the committed run's machine ({digest}): "
+        "a repro here will not give the committed metrics")
+    assert _probe(ATEN_CPU_CAPABILITY="default")[1:] == ["09116dc150707d6baf3908b8b19d9308", "DEFAULT"]

@@ -46,6 +46,7 @@ def test_success_finished_with_params_metrics_and_lineage(db, tmp_path):
     tags = run.data.tags
     assert len(tags["git.commit"]) == 40 and tags["git.dirty"] in ("true", "false")
     assert tags["rlcr.profile"] == "tiny" and len(tags["rlcr.params_hash"]) == 12
+    assert tags["rlcr.cpu_kernels"] == os.environ.get("ATEN_CPU_CAPABILITY", "native")  # which kernels computed it
 
 
 def test_exception_failed_and_reraised(db):
