@@ -10,11 +10,15 @@ observation. The policy answers each observation greedily, and each answer is so
     arithmetic  the scripted CEO's operands, added wrong
     other       no equation with the right number of operands (malformed, another plan)
 
+Each row is measured twice: on the held-out observations and on as many combine observations of the
+TRAIN tasks of the same lengths, which the bootstrap imitated (a policy that memorised its traces
+scores high on those only).
 With --sft-steps the policy is first fine-tuned (`rlcr.train.sft.train_sft`, from the same start for
-each value) on the combine turns alone of scripted episodes on the TRAIN tasks (no prompt shared with
-the held-out ones: asserted): how far more combine examples alone take the sub-skill.
+each value) on the combine turns alone of scripted episodes on the train tasks, or with --fresh-tasks
+on fresh tasks of the train families (`rlcr.train.bootstrap.drill_tasks`, the drill's source); no
+prompt is shared with the held-out ones (asserted): how far more combine examples take the sub-skill.
 
-    python benchmarks/combine_skill.py [--policy models/bootstrap] [--sft-steps 0 200 600] [--lr 5e-4]
+    python benchmarks/combine_skill.py [--policy models/bootstrap] [--sft-steps 0 200 600] [--lr 5e-4] [--fresh-tasks]
 
 Prints a table; asserts nothing but the disjointness.
 """
@@ -43,6 +47,12 @@ def combine_turns(tasks, params, len_fn, episodes: int, error_rates):
                   error_rates=error_rates, verify_error_rates=[])
     recs = scripted_traces(tasks, cfg, params.org, params.reward, len_fn)
     return [t for _, t in kept_turns(recs) if t.role == "ceo" and combine_is_right(t.prompt, t.completion)]
+
+
+def task_line(prompt: str) -> str:
+    """The task as the observation shows it (the line after `task:`)."""
+    at = prompt.find("\ntask:\n")
+    return prompt[at:].split("\n")[2] if at >= 0 else ""
 
 
 def sort_answer(prompt: str, scripted: str, answer: str) -> str:
@@ -88,6 +98,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--train-episodes", type=int, default=4000)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--fresh-tasks", action="store_true", help="SFT turns from fresh train-family tasks, not the train split")
     args = ap.parse_args()
 
     import pandas as pd
@@ -97,7 +108,7 @@ def main() -> None:
     from rlcr.policy.bridge import token_length_fn
     from rlcr.policy.models import load_policy
     from rlcr.tasks.suite import from_frame
-    from rlcr.train.bootstrap import turn_example
+    from rlcr.train.bootstrap import drill_tasks, turn_example
     from rlcr.train.sft import train_sft
 
     torch.set_num_threads(args.threads)
@@ -109,12 +120,20 @@ def main() -> None:
     held = [t for t in from_frame(pd.read_parquet(Path(args.tasks) / "eval.parquet")) if t.family in builtin]
     assert not {t.prompt for t in train} & {t.prompt for t in held}, "held-out tasks share prompts with training"
     held_turns = combine_turns(held, params, len_fn, episodes=2 * len(held), error_rates=[0.0])
-    train_turns = combine_turns(train, params, len_fn, episodes=args.train_episodes, error_rates=params.bootstrap.error_rates)
+    lengths = {t.difficulty for t in held}  # the same task lengths: a 3-term combine adds one pair sum, a 4-term one two
+    seen = [t for t in train if t.difficulty in lengths]
+    seen_turns = combine_turns(seen, params, len_fn, episodes=2 * len(held), error_rates=[0.0])[:len(held_turns)]
+    source = train
+    if args.fresh_tasks:
+        source = drill_tasks(params.prepare.train, params.bootstrap.seed, {t.prompt.replace(" ", "") for t in held})
+        source = [t for t in source if t.difficulty in {u.difficulty for u in train}]
+    train_turns = combine_turns(source, params, len_fn, episodes=args.train_episodes, error_rates=params.bootstrap.error_rates)
     assert not {t.prompt for t in train_turns} & {t.prompt for t in held_turns}
-    print(f"policy {args.policy}: {len(held_turns)} held-out combine observations "
-          f"({len(held)} eval sums), {len(train_turns)} train combine turns, {args.threads} threads")
-    print("| combine-only SFT steps | right | copy error | arithmetic error | other | SFT s |")
-    print("|---|---|---|---|---|---|")
+    print(f"policy {args.policy}: {len(held_turns)} held-out combine observations ({len(held)} eval sums), "
+          f"{len(train_turns)} SFT combine turns from {'fresh train-family' if args.fresh_tasks else 'the train'} tasks "
+          f"({len({task_line(t.prompt) for t in train_turns})} distinct tasks), {args.threads} threads")
+    print("| combine-only SFT steps | observations | right | copy error | arithmetic error | other | SFT s |")
+    print("|---|---|---|---|---|---|---|")
     examples = [turn_example(tokenizer, t.prompt, t.completion) for t in train_turns]
     for steps in args.sft_steps:
         model, _ = load_policy(args.policy)
@@ -124,11 +143,12 @@ def main() -> None:
             t0 = time.perf_counter()
             train_sft(model, examples, cfg, pad_id=tokenizer.pad_token_id)
             took = time.perf_counter() - t0
-        kinds, wrong = measure(model, tokenizer, held_turns, params.org.context_tokens, params.engine)
-        n = sum(kinds.values())
-        print(f"| {steps} | " + " | ".join(f"{kinds[k] / n:.2f} ({kinds[k]})" for k in KINDS) + f" | {took:.0f} |")
-        for want, got in wrong:
-            print(f"    scripted `{want}`  policy `{got}`")
+        for name, turns in (("held-out", held_turns), ("train tasks", seen_turns)):
+            kinds, wrong = measure(model, tokenizer, turns, params.org.context_tokens, params.engine)
+            n = sum(kinds.values())
+            print(f"| {steps} | {name} | " + " | ".join(f"{kinds[k] / n:.2f} ({kinds[k]})" for k in KINDS) + f" | {took:.0f} |")
+            for want, got in wrong if name == "held-out" else []:
+                print(f"    scripted `{want}`  policy `{got}`")
 
 
 if __name__ == "__main__":
