@@ -126,7 +126,8 @@ def main() -> None:
     source = train
     if args.fresh_tasks:
         source = drill_tasks(params.prepare.train, params.bootstrap.seed, {t.prompt.replace(" ", "") for t in held})
-        source = [t for t in source if t.difficulty in {u.difficulty for u in train}]
+        trained_lengths = {t.difficulty for t in train}
+        source = [t for t in source if t.difficulty in trained_lengths]
     train_turns = combine_turns(source, params, len_fn, episodes=args.train_episodes, error_rates=params.bootstrap.error_rates)
     assert not {t.prompt for t in train_turns} & {t.prompt for t in held_turns}
     print(f"policy {args.policy}: {len(held_turns)} held-out combine observations ({len(held)} eval sums), "
