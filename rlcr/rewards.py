@@ -19,6 +19,9 @@ individual (ablation)
     counts, so spraying many guesses does not pay.
 mixed (ablation)
     alpha * collective + (1 - alpha) * individual, per agent.
+
+In every kind, an agent's reward is then lowered by malformed_cost times the share of its own turns
+that were malformed (protocol errors: what it wrote was not a valid action for it).
 """
 
 from __future__ import annotations
@@ -120,16 +123,29 @@ def individual_rewards(record: EpisodeRecord, token_cost: float = 0.0, budget: i
     return out
 
 
+def malformed_shares(record: EpisodeRecord) -> dict[int, float]:
+    """agent -> the share of its turns that were malformed (agents without turns: absent)."""
+    turns: dict[int, list[bool]] = {}
+    for t in record.turns:
+        turns.setdefault(t.agent, []).append(bool(t.malformed))
+    return {a: sum(m) / len(m) for a, m in turns.items()}
+
+
 def agent_rewards(record: EpisodeRecord, cfg: RewardConfig, budget: int) -> dict[int, float]:
-    """Every org member's reward under the configured kind."""
+    """Every org member's reward under the configured kind, minus its malformed-turn cost."""
     members = [m["agent"] for m in record.episode.org()]
     coll = collective_reward(record, cfg.token_cost, budget)
     if cfg.kind == "collective":
-        return {i: coll for i in members}
-    ind = individual_rewards(record, cfg.token_cost, budget)
-    if cfg.kind == "individual":
-        return ind
-    return {i: cfg.alpha * coll + (1.0 - cfg.alpha) * ind[i] for i in members}
+        out = {i: coll for i in members}
+    elif cfg.kind == "individual":
+        out = individual_rewards(record, cfg.token_cost, budget)
+    else:
+        ind = individual_rewards(record, cfg.token_cost, budget)
+        out = {i: cfg.alpha * coll + (1.0 - cfg.alpha) * ind[i] for i in members}
+    if cfg.malformed_cost:
+        shares = malformed_shares(record)
+        out = {i: r - cfg.malformed_cost * shares.get(i, 0.0) for i, r in out.items()}
+    return out
 
 
 def assign_rewards(record: EpisodeRecord, cfg: RewardConfig, budget: int) -> dict[int, float]:

@@ -154,8 +154,8 @@ def rollout_expectations(table: str, columns: list[str], org: Any, reward: Any, 
     E = _gx().expectations
     exps: list[Any] = [E.ExpectTableColumnsToMatchOrderedList(column_list=columns)]
     exps += [E.ExpectColumnValuesToNotBeNull(column=c) for c in columns]
-    # rewards: outcome in [0, 1] minus at most token_cost (the budget is never exceeded)
-    low = -float(reward.token_cost)
+    # rewards: outcome in [0, 1] minus at most token_cost (the budget is never exceeded) and malformed_cost
+    low = -float(reward.token_cost) - float(reward.malformed_cost)
     exps.append(E.ExpectColumnValuesToBeBetween(column="reward", min_value=low, max_value=1.0))
     if table == "episodes":
         exps += [

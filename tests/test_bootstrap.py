@@ -189,6 +189,32 @@ def test_the_drill_never_shows_an_eval_prompt_and_draws_the_train_families_real_
     assert B.drill_tasks(specs, 0, exclude, 300) == fresh  # a pure function of its arguments
 
 
+def test_fresh_trace_tasks_are_long_unseen_sums_spread_evenly_among_the_train_tasks():
+    from rlcr.config import FamilySpec
+
+    evals = sums(30, 1) + sums(8, 3)
+    exclude = {t.prompt.replace(" ", "") for t in evals}  # as bootstrap_policy builds it
+    specs = (FamilySpec("sum", 40, (1, 2, 3), {"digits": 2}), FamilySpec("rg/gcd", 4))
+    train = build_family("sum", {"digits": 2}).generate(7, 40, 1)
+    c = cfg(episodes=400, fresh_share=0.5, fresh_min_difficulty=2)
+    fresh = B.fresh_trace_tasks(specs, c, exclude)
+    assert fresh and {t.difficulty for t in fresh} == {2, 3} and {t.family for t in fresh} == {"sum"}
+    assert not {t.prompt.replace(" ", "") for t in fresh} & exclude  # no eval prompt is a trace task
+    assert B.fresh_trace_tasks(specs, c, exclude) == fresh  # seeded
+
+    picked = B.trace_tasks(train, fresh, 400, 0.5)
+    assert picked[0::2] == [train[i % 40] for i in range(200)]  # every other episode, the train split cycled
+    assert picked[1::2] == [fresh[i % len(fresh)] for i in range(200)]
+    for share, n_fresh in ((0.0, 0), (0.3, 120), (1.0, 400)):
+        got = B.trace_tasks(train, fresh, 400, share)
+        assert sum(t in fresh for t in got) == n_fresh and len(got) == 400
+        assert all(sum(t in fresh for t in got[i:i + 10]) == round(10 * share) for i in range(0, 400, 10))  # spread
+    with pytest.raises(ValueError, match="difficulty >= 5"):
+        B.fresh_trace_tasks(specs, cfg(fresh_share=0.5, fresh_min_difficulty=5), exclude)
+    with pytest.raises(ValueError, match="bootstrap.fresh_share"):
+        cfg(fresh_share=1.5)
+
+
 def test_step_batches_spread_drill_steps_and_never_mix():
     lengths = [random.Random(i).randint(50, 900) for i in range(32)]
     batches = B.step_batches(trace_lengths=lengths, n_drill=40 * 8, steps=56, batch_size=4, drill_batch_size=8,
@@ -318,6 +344,7 @@ def test_stage_through_dvc_repro(project_copy):
                 "losses/sft_final", "perf/tokens_per_s"):
         assert key in metrics, key
     assert metrics["traces/episodes"] == 30 and metrics["bootstrap/eval_tasks"] == 4
+    assert 0 < metrics["traces/fresh_tasks"] <= 15  # bootstrap.fresh_share 0.5 of the episodes
 
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rlcr-collective-rewards")

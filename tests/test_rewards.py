@@ -9,7 +9,14 @@ import pytest
 from rlcr.config import OrgConfig, RewardConfig
 from rlcr.org import run_episodes
 from rlcr.org.scripted import Replay, ScriptedOrg
-from rlcr.rewards import agent_rewards, collective_reward, delivered_value, individual_rewards, occurs
+from rlcr.rewards import (
+    agent_rewards,
+    collective_reward,
+    delivered_value,
+    individual_rewards,
+    malformed_shares,
+    occurs,
+)
 from rlcr.tasks import build_family
 
 TASK = build_family("sum").generate(0, 1, 3)[0]  # 68+57+42+37 = 204; sub-problems 68+57, 42+37, 125+79
@@ -72,6 +79,20 @@ def test_token_cost():
     assert collective_reward(good, token_cost=0.5, budget=1000) == pytest.approx(1.0 - 0.5 * total / 1000)
     own = sum(t.completion_tokens for t in good.turns if t.agent == 1)
     assert individual_rewards(good, 0.5, 1000)[1] == pytest.approx(1.0 - 0.5 * own / 1000)
+
+
+def test_malformed_cost_takes_the_share_of_each_agents_own_malformed_turns():
+    script = {(0, 1): HIRE, (1, 2): "POST @agent0 68+57=125\nDONE", (2, 2): "the sum is 79",  # no action
+              (2, 3): "POST @agent0 42+37=79\nDONE", (3, 3): "SUBMIT 204\nDONE", (0, 4): "SUBMIT 204"}
+    rec = run_episodes([TASK], Replay(script), OrgConfig())[0]  # the verifier may not SUBMIT
+    assert [(t.agent, t.round) for t in rec.turns if t.malformed] == [(2, 2), (3, 3)]
+    assert malformed_shares(rec) == {0: 0.0, 1: 0.0, 2: 0.5, 3: 0.5}  # the verifier WAITed in round 2
+    assert agent_rewards(rec, RewardConfig(), 4096) == {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
+    assert agent_rewards(rec, RewardConfig(malformed_cost=0.4), 4096) == {0: 1.0, 1: 1.0, 2: 0.8, 3: 0.8}
+    assert agent_rewards(rec, RewardConfig(kind="individual", malformed_cost=0.4), 4096) == {
+        0: 1.0, 1: 1.0, 2: 0.8, 3: -0.2}
+    with pytest.raises(ValueError, match="reward.malformed_cost"):
+        RewardConfig(malformed_cost=-0.1)
 
 
 def test_rewards_are_written_into_the_record():

@@ -62,6 +62,7 @@ in EOS after at least one token).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -124,6 +125,9 @@ class TorchBackend:
     def load_state(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
         self.model.load_state_dict(model_state)
         self.optimizer.load_state_dict(optim_state)
+
+    def finish(self) -> None:
+        """The run's end on every rank (nothing to wait for with one)."""
 
 
 # ------------------------------------------------------------------------------------- DeepSpeed
@@ -189,6 +193,7 @@ class DeepSpeedBackend:
 
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+            atexit.register(end_process_group)
         self.config = deepspeed_config(cfg, config_path)
         self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if cfg.gradient_checkpointing:
@@ -333,6 +338,20 @@ class DeepSpeedBackend:
             self.optimizer.load_state_dict([merged], load_from_fp32_weights=True)
         else:
             self.optimizer.load_state_dict(optim_state)
+
+    def finish(self) -> None:
+        """The run's end on every rank: wait until rank 0 has written the trained policy, which every
+        rank's caller may read next (stages/train.py evaluates it)."""
+        if self.world_size > 1:
+            torch.distributed.barrier()
+
+
+def end_process_group() -> None:
+    """Tear the process group down while Python still runs (at exit). Left to the C++ static destructors
+    after the interpreter's end, gloo's threads can outlive their context and abort a rank that has
+    finished its work ("terminate called without an active exception", SIGABRT), which fails the launch."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _plain(value: Any) -> bool:

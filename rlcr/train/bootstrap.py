@@ -302,6 +302,33 @@ def drill_tasks(specs, seed: int, exclude: set[str], n: int = 2000) -> list[Task
     return out
 
 
+def fresh_trace_tasks(specs, cfg: BootstrapConfig, exclude: set[str]) -> list[Task]:
+    """The fresh tasks of the scripted traces (`bootstrap.fresh_share`): the drill's source (`drill_tasks`,
+    no prompt in `exclude`) in a seeded shuffle, the first `cfg.episodes` of them, those of difficulty >=
+    `cfg.fresh_min_difficulty` kept."""
+    tasks = drill_tasks(specs, cfg.seed, exclude, n=cfg.episodes)
+    random.Random(f"bootstrap-traces:{cfg.seed}").shuffle(tasks)
+    out = [t for t in tasks[: cfg.episodes] if t.difficulty >= cfg.fresh_min_difficulty]
+    if not out:
+        raise ValueError(f"bootstrap.fresh_share needs a sum family (sum, signed_sum) of difficulty >= "
+                         f"{cfg.fresh_min_difficulty} in prepare.train")
+    return out
+
+
+def trace_tasks(train: Sequence[Task], fresh: Sequence[Task], n: int, share: float) -> list[Task]:
+    """`n` episodes' tasks: episode i is fresh when floor((i + 1) * share) > floor(i * share) (a `share`
+    of them, spread evenly), else the next train task; each list is cycled in its order."""
+    out, k_train, k_fresh = [], 0, 0
+    for i in range(n):
+        if int((i + 1) * share) > int(i * share):
+            out.append(fresh[k_fresh % len(fresh)])
+            k_fresh += 1
+        else:
+            out.append(train[k_train % len(train)])
+            k_train += 1
+    return out
+
+
 def derived_drill_seed(seed: int, spec: int, difficulty: int) -> int:
     """A generator seed for the drill that no prepare split uses (prepare seeds are small integers)."""
     return 1_000_003 * (seed + 1) + 1009 * spec + difficulty
@@ -596,14 +623,19 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
     else:
         model, tok = build_tiny(params.model, cfg.seed)
         # traces
-        records = scripted_traces(train_tasks, cfg, params.org, params.reward, token_length_fn(tok))
+        exclude = {t.prompt.replace(" ", "") for t in eval_tasks}
+        picked = train_tasks
+        if cfg.fresh_share > 0:
+            fresh = fresh_trace_tasks(params.prepare.train, cfg, exclude)
+            picked = trace_tasks(train_tasks, fresh, cfg.episodes, cfg.fresh_share)
+            res.metrics["traces/fresh_tasks"] = len({t.prompt for t in picked} - {t.prompt for t in train_tasks})
+        records = scripted_traces(picked, cfg, params.org, params.reward, token_length_fn(tok))
         res.metrics.update(trace_stats(records))
         context = min(params.model.context, params.org.context_tokens)
         traces, too_long = trace_examples(records, tok, context, cfg.reuse_weight)
         if not traces:
             raise ValueError("no scripted turn was kept for SFT: check bootstrap.error_rates and the org limits")
         n_drill = drill_steps(cfg.steps, cfg.drill_share) * cfg.drill_batch_size
-        exclude = {t.prompt.replace(" ", "") for t in eval_tasks}
         shapes = sum_shapes(drill_tasks(params.prepare.train, cfg.seed, exclude))
         drill = arithmetic_examples(n_drill, tok, cfg.seed, shapes, exclude) if n_drill else []
         tails = tail_examples(records, tok) if cfg.tail_share > 0 else []

@@ -559,6 +559,7 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
         if last_ckpt is not None:
             tracker.log_artifact(last_ckpt, "checkpoints")
         log_trained(tracker, out_dir, policy_folder, register=register)
+    backend.finish()
     return TrainResult(history, resumed_from, last_ckpt, refusals.count)
 
 
