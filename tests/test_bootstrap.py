@@ -209,8 +209,10 @@ def test_fresh_trace_tasks_are_long_unseen_sums_spread_evenly_among_the_train_ta
         got = B.trace_tasks(train, fresh, 400, share)
         assert sum(t in fresh for t in got) == n_fresh and len(got) == 400
         assert all(sum(t in fresh for t in got[i:i + 10]) == round(10 * share) for i in range(0, 400, 10))  # spread
-    with pytest.raises(ValueError, match="difficulty >= 5"):
-        B.fresh_trace_tasks(specs, cfg(fresh_share=0.5, fresh_min_difficulty=5), exclude)
+    # sums that stop below the minimum: their longest ones; no sum family at all: an error that says so
+    assert {t.difficulty for t in B.fresh_trace_tasks(specs, cfg(fresh_share=0.5, fresh_min_difficulty=5), exclude)} == {3}
+    with pytest.raises(ValueError, match="bootstrap.fresh_share > 0 needs a sum family"):
+        B.fresh_trace_tasks((FamilySpec("rg/gcd", 4),), c, exclude)
     with pytest.raises(ValueError, match="bootstrap.fresh_share"):
         cfg(fresh_share=1.5)
 

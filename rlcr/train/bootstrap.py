@@ -305,14 +305,14 @@ def drill_tasks(specs, seed: int, exclude: set[str], n: int = 2000) -> list[Task
 def fresh_trace_tasks(specs, cfg: BootstrapConfig, exclude: set[str]) -> list[Task]:
     """The fresh tasks of the scripted traces (`bootstrap.fresh_share`): the drill's source (`drill_tasks`,
     no prompt in `exclude`) in a seeded shuffle, the first `cfg.episodes` of them, those of difficulty >=
-    `cfg.fresh_min_difficulty` kept."""
+    `cfg.fresh_min_difficulty` kept (>= the longest the train split's sums have, where they stop below it)."""
     tasks = drill_tasks(specs, cfg.seed, exclude, n=cfg.episodes)
+    if not tasks:
+        raise ValueError("bootstrap.fresh_share > 0 needs a sum family (sum, signed_sum) in prepare.train "
+                         "(or set bootstrap.fresh_share: 0)")
     random.Random(f"bootstrap-traces:{cfg.seed}").shuffle(tasks)
-    out = [t for t in tasks[: cfg.episodes] if t.difficulty >= cfg.fresh_min_difficulty]
-    if not out:
-        raise ValueError(f"bootstrap.fresh_share needs a sum family (sum, signed_sum) of difficulty >= "
-                         f"{cfg.fresh_min_difficulty} in prepare.train")
-    return out
+    low = min(cfg.fresh_min_difficulty, max(t.difficulty for t in tasks))
+    return [t for t in tasks[: cfg.episodes] if t.difficulty >= low] or [t for t in tasks if t.difficulty >= low]
 
 
 def trace_tasks(train: Sequence[Task], fresh: Sequence[Task], n: int, share: float) -> list[Task]:
