@@ -231,8 +231,7 @@ class BootstrapConfig:
     combine right on 21% of train-split combine observations and 8% of held-out ones
     (benchmarks/combine_skill.py); it memorised those tasks rather than learning to copy."""
     fresh_min_difficulty: int = 2
-    """Lowest difficulty of the fresh trace tasks (the sums: 2 = three terms, where managers combine);
-    where the train split's sums are all shorter, their longest difficulty."""
+    """Lowest difficulty of the fresh trace tasks (the sums: 2 = three terms, where managers combine)."""
     styles: dict[str, float] = field(default_factory=lambda: {"solo": 0.15, "delegate": 0.35, "verify": 0.3, "single": 0.2})
     """Mixture weights of the scripted organisations (normalised): solo, delegate and verify companies,
     and single (the solo script with org.single_agent, so the baseline's observations are covered)."""
