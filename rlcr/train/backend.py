@@ -11,12 +11,14 @@ Both give the loop the same calls, so `rlcr.train.loop` has one code path:
     backend.step(refusals) -> dict  check gradients finite, clip, step; or refuse: no step, the
                                     gradients are dropped, weights and optimiser state unchanged
     backend.refuse(refusals, why)   refuse without looking (the loop saw a NaN/Inf loss or logits)
+    backend.autocast()              the context every training forward runs in (bf16 autocast or none)
     backend.model_state()           full weights (to sync the rollout engine, to save the policy)
     backend.state() / load_state()  full (model, optim) states for `rlcr.train.checkpoint`
     backend.lr                      the learning rate in use
 
 torch       `torch.optim.AdamW(lr, betas, weight_decay)`, global-norm clipping at `train.grad_clip`;
-            one process.
+            one process. `train.bf16`: the forwards run under `torch.autocast` in bf16 (matmuls in bf16,
+            weights, gradients and optimiser state stay fp32; log-softmax in fp32).
 deepspeed   `deepspeed.initialize` with `configs/deepspeed.json` (what a user edits for a GPU cluster).
             Values written "auto" there are filled from params.yaml (lr, betas, weight_decay,
             gradient_clipping, zero_optimization.stage); an explicit value that contradicts
@@ -40,7 +42,7 @@ marker written by rank 0 after every rank finished, so a killed save is never re
 weights (engine sync, export) are read with the public `deepspeed.zero.GatheredParameters` under
 ZeRO-3 (every rank gathers), else from the module.
 
-`train.bf16` turns on DeepSpeed's bf16 mode (bf16 weights and activations, fp32 master weights and
+With the DeepSpeed backend `train.bf16` turns on DeepSpeed's bf16 mode (bf16 weights and activations, fp32 master weights and
 optimiser state in the ZeRO optimiser; needs zero_stage >= 1), `train.gradient_checkpointing` calls
 HF's `gradient_checkpointing_enable` (activations recomputed in backward: memory for compute).
 
@@ -63,6 +65,7 @@ in EOS after at least one token).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -88,9 +91,15 @@ class TorchBackend:
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError("train.backend torch runs in one process; launch several ranks with train.backend: deepspeed")
-        self.model, self.grad_clip, self.lr = model, cfg.grad_clip, cfg.lr
+        self.model, self.grad_clip, self.lr, self.bf16 = model, cfg.grad_clip, cfg.lr, cfg.bf16
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast on the model's device with `train.bf16`; else nothing changes."""
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(next(self.model.parameters()).device.type, dtype=torch.bfloat16)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -265,6 +274,10 @@ class DeepSpeedBackend:
                  "completions": torch.ones(1, 2, dtype=torch.long, device=dev)}
         logp, _ = forward(self.engine, batch)
         self.backward(logp.sum() * 0.0)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Nothing: DeepSpeed's bf16 mode holds the weights in bf16 itself."""
+        return contextlib.nullcontext()
 
     def model_state(self) -> dict[str, Any]:
         """Full weights. ZeRO-3: every rank must call it (the partitions are all-gathered with the public

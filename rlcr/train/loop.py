@@ -457,11 +457,12 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
             pads = backend.pad_micro_batches(len(micros)) if world > 1 else 0  # same count on every rank
             for micro in micros:
                 batch = {k: v.to(device) for k, v in collate_turns(micro, pad_id).items()}
-                new_lp, logits = completion_logprobs(trainee, batch)  # (B, C), (B, C, V)
-                ref_lp = None
-                if reference is not None:
-                    with torch.no_grad():
-                        ref_lp = completion_logprobs(reference, batch)[0]  # (B, C)
+                with backend.autocast():  # train.bf16 on the torch backend: bf16 matmuls, fp32 weights
+                    new_lp, logits = completion_logprobs(trainee, batch)  # (B, C), (B, C, V)
+                    ref_lp = None
+                    if reference is not None:
+                        with torch.no_grad():
+                            ref_lp = completion_logprobs(reference, batch)[0]  # (B, C)
                 loss, stats = policy_loss(new_lp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
                                           cfg.clip_eps_low, cfg.clip_eps_high, ref_lp, cfg.kl_coef,
                                           logits=logits, token_count=n_tokens)
