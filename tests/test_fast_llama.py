@@ -97,6 +97,26 @@ def test_bfloat16_fast_forward_tracks_the_hf_forward():
         assert (sequence_logprobs(model, p, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < 0.1
 
 
+def test_bf16_decode_attention_reads_the_whole_buffer_and_ignores_columns_past_the_mask():
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    b, heads, kv_heads, d, cap, n = 3, 6, 2, 16, 40, 29
+    fast = object.__new__(FastLlama)
+    fast.scale = d**-0.5
+    kbuf, vbuf = torch.randn(b, kv_heads, cap, d, generator=g), torch.randn(b, kv_heads, cap, d, generator=g)
+    kbuf[:, :, n:], vbuf[:, :, n:] = 1e4, -1e4  # stale columns the engine allocated but has not written yet
+    query = torch.randn(b, heads, 1, d, generator=g)
+    mask = torch.rand(b, 1, 1, n, generator=g) > 0.3
+    mask[..., -1] = True  # a row's own new key
+    ref = F.scaled_dot_product_attention(query, kbuf[:, :, :n], vbuf[:, :, :n], attn_mask=mask, scale=fast.scale,
+                                         enable_gqa=True)
+    got = fast._decode_attention(query.bfloat16(), kbuf.bfloat16(), vbuf.bfloat16(), mask)
+    assert got.dtype == torch.bfloat16
+    assert float((got.float() - ref).abs().max()) < 0.05  # bf16 rounding of inputs and weights
+    assert float((fast._decode_attention(query, kbuf, vbuf, mask) - ref).abs().max()) < 1e-5  # the same law
+
+
 def test_models_it_does_not_cover_run_the_hf_forward():
     tok = build_char_tokenizer(model_max_length=CTX)
     torch.manual_seed(0)

@@ -76,6 +76,14 @@ class _SlotLayer(DynamicLayer):
         self.values = self.vbuf[self.rows, :, self.read_from : end]
         return self.keys, self.values
 
+    def whole(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The window's rows of the K/V buffers at every allocated column, when the window reads from
+        column 0 (a decode step): (b, kv_heads, capacity, head_dim) each, contiguous; else None."""
+        if self.read_from != 0:
+            return None
+        k, v = self.kbuf[self.rows], self.vbuf[self.rows]
+        return (k, v) if k.is_contiguous() and v.is_contiguous() else None
+
     def get_seq_length(self) -> int:
         return self.write_at
 
