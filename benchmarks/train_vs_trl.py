@@ -90,15 +90,16 @@ def ours(model, tok, prompts: list[str], args) -> list[tuple[float, float, float
         import copy
 
         engine = TorchEngine(copy.deepcopy(model), tok, context=context, dtype=args.dtype)
+    else:  # fp32 full: the engine and the trainer share one set of weights on one device
+        engine = TorchEngine(model, tok, context=context)
     if args.finetune == "lora":
         from rlcr.policy.lora import serving_state, wrap_lora
 
         train_model = wrap_lora(model, cfg)
     else:
         train_model = model
-        if not own_copy:  # fp32: the engine and the trainer share one set of weights on one device
-            engine = TorchEngine(model, tok, context=context)
     backend = TorchBackend(train_model, cfg)
+    served = (lambda: serving_state(backend.model)) if args.finetune == "lora" else backend.model_state  # as the loop
     ids = [bench_prompt_ids(tok, p, args.model) for p in prompts for _ in range(args.group)]
     groups = [i for i in range(len(prompts)) for _ in range(args.group)]
     rows = []
@@ -125,10 +126,8 @@ def ours(model, tok, prompts: list[str], args) -> list[tuple[float, float, float
             backend.backward(loss)
             seen += len(micro) * len(micro[0].prompt) + int(b["loss_mask"].sum())  # what a full forward would see
         backend.step(Refusals())
-        if args.finetune == "lora":
-            engine.load_state_dict(serving_state(backend.model))
-        elif own_copy:
-            engine.load_state_dict(backend.model_state())
+        if own_copy:
+            engine.load_state_dict(served())
         t2 = time.perf_counter()
         if step > 0:
             rows.append((t2 - t0, cpu_seconds() - c0, t1 - t0, t2 - t1, n_tokens, seen))

@@ -111,10 +111,11 @@ def test_bf16_decode_attention_reads_the_whole_buffer_and_ignores_columns_past_t
     mask[..., -1] = True  # a row's own new key
     ref = F.scaled_dot_product_attention(query, kbuf[:, :, :n], vbuf[:, :, :n], attn_mask=mask, scale=fast.scale,
                                          enable_gqa=True)
-    got = fast._decode_attention(query.bfloat16(), kbuf.bfloat16(), vbuf.bfloat16(), mask)
+    blocked = FastLlama.decode_blocked(mask, cap)
+    got = fast._decode_attention(query.bfloat16(), kbuf.bfloat16(), vbuf.bfloat16(), blocked)
     assert got.dtype == torch.bfloat16
     assert float((got.float() - ref).abs().max()) < 0.05  # bf16 rounding of inputs and weights
-    assert float((fast._decode_attention(query, kbuf, vbuf, mask) - ref).abs().max()) < 1e-5  # the same law
+    assert float((fast._decode_attention(query, kbuf, vbuf, blocked) - ref).abs().max()) < 1e-5  # the same law
 
 
 def test_models_it_does_not_cover_run_the_hf_forward():

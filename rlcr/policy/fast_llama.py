@@ -88,23 +88,32 @@ class FastLlama:
         x1, x2 = x.chunk(2, -1)
         return x * cos + torch.cat((-x2, x1), -1) * sin
 
-    def _decode_attention(self, query: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def decode_blocked(mask: torch.Tensor, capacity: int) -> torch.Tensor:
+        """A decode step's mask (b, 1, 1, kv <= capacity), True = may attend, over the cache's whole
+        buffers: (b, 1, capacity, 1), True = blocked (every column past kv included). Built once a step,
+        shared by every layer."""
+        b, n = mask.shape[0], mask.shape[-1]
+        blocked = torch.ones(b, capacity, dtype=torch.bool, device=mask.device)
+        blocked[:, :n] = ~mask.view(b, n)
+        return blocked.view(b, 1, capacity, 1)
+
+    def _decode_attention(self, query: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
+                          blocked: torch.Tensor) -> torch.Tensor:
         """Attention of one query per row (a decode step) in bf16/fp16, on the cache's whole buffers.
 
         query (b, heads, 1, d); kbuf, vbuf (b, kv_heads, capacity, d) contiguous (every column the
-        engine allocated: the written ones, then zeros or stale rows that `mask` does not cover, so they
-        get weight exactly 0); mask (b, 1, 1, kv <= capacity) -> (b, heads, 1, d). Two batched matmuls
-        per key/value head over its group of query heads, softmax in fp32. Why: torch's CPU SDPA kernel in
-        bf16 is slower than its fp32 one (b 16, 9 heads on 3 kv heads, 1000 keys, 2 threads: 11.1 vs
-        3.9 ms), and a batched matmul on the cache's strided window copies it first; the whole buffer is
-        one packed batch. fp32 keeps SDPA (the tiny policy's bits)."""
+        engine allocated: the written ones, then zeros or stale rows that `blocked` covers, so they
+        get weight exactly 0); blocked (b, 1, capacity, 1) from `decode_blocked` -> (b, heads, 1, d).
+        Two batched matmuls per key/value head over its group of query heads, softmax in fp32. Why:
+        torch's CPU SDPA kernel in bf16 is slower than its fp32 one (b 16, 9 heads on 3 kv heads, 1000
+        keys, 2 threads: 11.1 vs 3.9 ms), and a batched matmul on the cache's strided window copies it
+        first; the whole buffer is one packed batch. fp32 keeps SDPA (the tiny policy's bits)."""
         b, h, _, d = query.shape
-        kvh, cap, n = kbuf.shape[1], kbuf.shape[2], mask.shape[-1]
+        kvh, cap = kbuf.shape[1], kbuf.shape[2]
         keys, values = kbuf.view(b * kvh, cap, d), vbuf.view(b * kvh, cap, d)
         scores = torch.bmm(keys, query.reshape(b * kvh, h // kvh, d).transpose(1, 2)).float() * self.scale
-        allowed = torch.zeros(b, cap, dtype=torch.bool, device=mask.device)
-        allowed[:, :n] = mask.view(b, n)
-        scores = scores.view(b, kvh, cap, -1).masked_fill(~allowed.view(b, 1, cap, 1), float("-inf"))
+        scores = scores.view(b, kvh, cap, -1).masked_fill(blocked, float("-inf"))
         weights = torch.softmax(scores, 2).to(query.dtype).view(b * kvh, cap, -1)  # (b kv_heads, cap, group)
         return torch.bmm(weights.transpose(1, 2), values).view(b, h, 1, d)
 
@@ -116,15 +125,17 @@ class FastLlama:
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         x = body.embed_tokens.weight[ids]  # (b, q, hidden)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (b, 1, q, d)
+        blocked = None  # bf16/fp16 decode: every layer attends on its whole buffers (one window for all)
+        if q == 1 and x.dtype != torch.float32 and (whole := cache.layers[0].whole()) is not None:
+            blocked = self.decode_blocked(mask, whole[0].shape[2])
         for layer, (w_qkv, w_gu), slot in zip(body.layers, self.fused, cache.layers, strict=True):
             a, m = layer.self_attn, layer.mlp
             qkv = F.linear(self._norm(x, layer.input_layernorm.weight), w_qkv).view(b, q, h + 2 * kvh, d)
             qkv = qkv.transpose(1, 2)  # (b, heads, q, d)
             k, v = slot.update(self._rotate(qkv[:, h : h + kvh], cos, sin), qkv[:, h + kvh :])
             query = self._rotate(qkv[:, :h], cos, sin)
-            whole = slot.whole() if q == 1 and x.dtype != torch.float32 else None
-            if whole is not None:
-                o = self._decode_attention(query, *whole, mask)
+            if blocked is not None:
+                o = self._decode_attention(query, *slot.whole(), blocked)
             else:
                 o = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=self.scale, enable_gqa=self.gqa)
             x = x + F.linear(o.transpose(1, 2).reshape(b, q, h * d), a.o_proj.weight)
