@@ -377,6 +377,12 @@ class EngineConfig:
     """Weights and activations dtype of the engine."""
     device: str = "cpu"
     """torch device: cpu, cuda or cuda:N."""
+    sampler: Literal["multinomial", "inverse_cdf"] = "multinomial"
+    """How the torch engine draws each token from the softmax (the same law either way): multinomial is
+    `torch.multinomial`, one exponential draw per vocabulary entry (the default: the tiny pipeline's
+    committed bits); inverse_cdf is one uniform draw per row against the float64 running sum of the
+    probabilities. Measured on 2 threads, 49152 entries (SmolLM2): 16.8 vs 0.54 ms a step at 16 rows,
+    74.8 vs 1.8 ms at 64. vLLM samples with its own sampler and ignores this."""
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:

@@ -111,6 +111,7 @@ def test_cross_section_invariants_are_named():
     ("rollout.samples_per_task", 0, r"rollout\.samples_per_task: must be >= 1"),
     ("rollout.batch_episodes", 0, r"rollout\.batch_episodes: must be >= 1"),
     ("rollout.max_tasks_per_family", -1, r"rollout\.max_tasks_per_family: must be >= 0"),
+    ("engine.sampler", "gumbel", r"engine\.sampler: must be one of"),
 ])
 def test_rollout_values_are_checked_when_loading(key, value, match):
     with pytest.raises(ConfigError, match=match):

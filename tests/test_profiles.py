@@ -91,6 +91,7 @@ def test_smollm2_switches_model_and_fine_tuning():
     assert (smol.model.kind, smol.train.finetune) == ("smollm2", "lora")
     assert (tiny.model.kind, tiny.train.finetune) == ("tiny", "full")
     assert smol.engine.kind == "torch" and smol.engine.dtype == "float32" and smol.train.backend == "torch"
+    assert (smol.engine.sampler, tiny.engine.sampler) == ("inverse_cdf", "multinomial")
     assert smol.model.context > tiny.model.context  # BPE observations and the protocol system prompt
 
 

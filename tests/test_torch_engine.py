@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from rlcr.config import EngineConfig, ModelConfig  # noqa: E402
 from rlcr.policy.engine import Sampling, make_engine, sequence_logprobs  # noqa: E402
 from rlcr.policy.models import save_policy  # noqa: E402
-from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
+from rlcr.policy.torch_engine import TorchEngine, inverse_cdf  # noqa: E402
 from tests.helpers import varied_tiny  # noqa: E402
 
 CTX = 96
@@ -69,14 +69,41 @@ def test_a_prompt_gets_the_same_greedy_answer_alone_or_in_a_batch(engine):
     assert [engine.generate([p], greedy)[0].token_ids for p in ps[:4]] == [c.token_ids for c in batch[:4]]
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
-def test_logprobs_match_the_trainers_full_forward(policy, engine, temperature, top_p):
+@pytest.mark.parametrize("temperature,top_p,sampler", [(1.0, 1.0, "multinomial"), (0.7, 0.9, "multinomial"),
+                                                     (0.0, 1.0, "multinomial"), (0.7, 0.9, "inverse_cdf")])
+def test_logprobs_match_the_trainers_full_forward(policy, engine, temperature, top_p, sampler):
     model, _ = policy
     ps = prompts(8, seed=2)
-    out = engine.generate(ps, Sampling(temperature=temperature, top_p=top_p, max_new_tokens=20, seed=5))
+    out = engine.generate(ps, Sampling(temperature=temperature, top_p=top_p, max_new_tokens=20, seed=5, sampler=sampler))
     for p, c in zip(ps, out, strict=True):
         ref = sequence_logprobs(model, p, c.token_ids)
         assert (ref - torch.tensor(c.logprobs)).abs().max() < LOGPROB_TOL
+
+
+def test_inverse_cdf_draws_the_softmax_law_and_never_a_zero():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0]) * 3  # unnormalised, zeros first, between and last
+    n = 60000
+    gen = torch.Generator().manual_seed(0)
+    drawn = inverse_cdf(probs.expand(n, -1), gen)
+    freq = torch.bincount(drawn, minlength=6).double() / n
+    p = probs.double() / probs.sum()
+    assert (freq[p == 0] == 0).all()
+    assert ((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt() + 1e-12).all(), freq  # 4 standard errors
+    assert inverse_cdf(probs.expand(n, -1), torch.Generator().manual_seed(0)).equal(drawn)  # seeded
+    one_hot = inverse_cdf(torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]), gen)
+    assert one_hot.tolist() == [2, 0]
+
+
+def test_the_inverse_cdf_sampler_is_seeded_and_differs_from_multinomial(policy):
+    model, tok = policy
+    ps = prompts(8, seed=3)
+    s = Sampling(temperature=1.0, max_new_tokens=20, seed=11, sampler="inverse_cdf")
+    one, two = (TorchEngine(model, tok, context=CTX, prefill_tokens=64) for _ in range(2))
+    assert one.generate(ps, s) == two.generate(ps, s)
+    multi = one.generate(ps, Sampling(temperature=1.0, max_new_tokens=20, seed=11))
+    assert [c.token_ids for c in one.generate(ps, s)] != [c.token_ids for c in multi]
+    with pytest.raises(ValueError, match="Sampling.sampler must be one of multinomial, inverse_cdf"):
+        Sampling(sampler="gumbel")
 
 
 def test_same_seed_same_output_other_seed_other_output(policy):

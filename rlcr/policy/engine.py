@@ -19,6 +19,8 @@ from rlcr.config import EngineConfig, ModelConfig
 
 FinishReason = Literal["stop", "length", "context"]
 
+SAMPLERS = ("multinomial", "inverse_cdf")  # EngineConfig.sampler
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -39,6 +41,8 @@ class Sampling:
     """Do not stop at eos (benchmarks with equal lengths)."""
     seed: int = 0
     """Seed of this call's sampling generator."""
+    sampler: str = "multinomial"
+    """How the torch engine draws a token from the (B, V) probabilities (`EngineConfig.sampler`)."""
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0 or math.isinf(self.temperature):
@@ -47,13 +51,16 @@ class Sampling:
             raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"Sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"Sampling.sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
         if any(not s for s in self.stop):
             raise ValueError("Sampling.stop: an empty stop string would stop before anything is generated")
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, **over) -> Sampling:
         """The params.yaml defaults, with per-call fields (stop, seed, ...) in `over`."""
-        return cls(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, **over)
+        return cls(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                   **{"sampler": cfg.sampler, **over})
 
 
 @dataclass

@@ -139,8 +139,21 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> t
             # drop tokens once the mass before them already reaches top_p (the first always stays)
             drop = (p_sorted.cumsum(-1) - p_sorted) >= sampling.top_p
             z = torch.full_like(z, float("-inf")).scatter(-1, order, z_sorted.masked_fill(drop, float("-inf")))
-        tokens = torch.multinomial(torch.softmax(z, -1), 1, generator=gen)[:, 0]
+        probs = torch.softmax(z, -1)
+        if sampling.sampler == "inverse_cdf":
+            tokens = inverse_cdf(probs, gen)
+        else:
+            tokens = torch.multinomial(probs, 1, generator=gen)[:, 0]
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+
+
+def inverse_cdf(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """(B, V) probabilities (rows need not sum to 1) -> one token per row, drawn with P(j) = probs[j] / row sum:
+    one uniform u per row, the first index whose running sum (float64) exceeds u * total. An entry of
+    probability 0 is never drawn (its running sum equals the one before it, and `right=True` skips ties)."""
+    c = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=gen, device=probs.device, dtype=torch.float64) * c[:, -1:]
+    return torch.searchsorted(c, u, right=True)[:, 0].clamp_max(probs.shape[1] - 1)
 
 
 class TorchEngine:
