@@ -360,6 +360,10 @@ class ModelConfig:
             _fail("model.path", "kind hf needs the path of a local HF model folder")
 
 
+Sampler = Literal["multinomial", "inverse_cdf"]
+"""How the torch engine draws a token (`EngineConfig.sampler`)."""
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The rollout engine and its default sampling."""
@@ -377,7 +381,7 @@ class EngineConfig:
     """Weights and activations dtype of the engine."""
     device: str = "cpu"
     """torch device: cpu, cuda or cuda:N."""
-    sampler: Literal["multinomial", "inverse_cdf"] = "multinomial"
+    sampler: Sampler = "multinomial"
     """How the torch engine draws each token from the softmax (the same law either way): multinomial is
     `torch.multinomial`, one exponential draw per vocabulary entry (the default: the tiny pipeline's
     committed bits); inverse_cdf is one uniform draw per row against the float64 running sum of the

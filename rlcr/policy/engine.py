@@ -9,17 +9,18 @@ returned logprobs must match (they are the `old` logprobs of the importance rati
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 import torch
 
-from rlcr.config import EngineConfig, ModelConfig
+from rlcr.config import EngineConfig, ModelConfig, Sampler
 
 FinishReason = Literal["stop", "length", "context"]
 
-SAMPLERS = ("multinomial", "inverse_cdf")  # EngineConfig.sampler
+SAMPLERS = typing.get_args(Sampler)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Sampling:
     """Do not stop at eos (benchmarks with equal lengths)."""
     seed: int = 0
     """Seed of this call's sampling generator."""
-    sampler: str = "multinomial"
+    sampler: Sampler = "multinomial"
     """How the torch engine draws a token from the (B, V) probabilities (`EngineConfig.sampler`)."""
 
     def __post_init__(self) -> None:
@@ -60,7 +61,7 @@ class Sampling:
     def from_config(cls, cfg: EngineConfig, **over) -> Sampling:
         """The params.yaml defaults, with per-call fields (stop, seed, ...) in `over`."""
         return cls(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                   **{"sampler": cfg.sampler, **over})
+                   sampler=cfg.sampler, **over)
 
 
 @dataclass
