@@ -205,9 +205,20 @@ def completion_logprobs(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Te
     row that shares the prompt (the G episodes of a task share their first observation), so a group
     costs one prompt + G completions instead of G prompts + G completions; gradients flow back through
     the gathered cache to the prompt's single pass. Same numbers as a full forward of prompt +
-    completion to float round-off (tests/test_train_loop.py). -> logprobs (B, C), logits (B, C, V)
+    completion to float round-off (tests/test_train_loop.py). Under gradient checkpointing (a model in
+    training mode) HF builds no cache, so each row runs its prompt + completion in one forward instead.
+    -> logprobs (B, C), logits (B, C, V)
     """
     pm, idx, comp = batch["prompt_mask"], batch["prompt_index"], batch["completions"]
+    module = getattr(model, "module", model)  # DeepSpeed's engine wraps the HF model
+    if module.training and getattr(module, "is_gradient_checkpointing", False):
+        # HF computes no cache under gradient checkpointing in training: each row runs prompt + completion
+        rest = comp[:, :-1]
+        attn = torch.cat([pm[idx], torch.ones_like(rest)], 1)  # (B, Lp + C-1)
+        out = model(input_ids=torch.cat([batch["prompts"][idx], rest], 1), attention_mask=attn,
+                    position_ids=(attn.cumsum(-1) - 1).clamp(min=0), use_cache=False, logits_to_keep=comp.shape[1])
+        logits = out.logits.float()  # (B, C, V)
+        return torch.log_softmax(logits, -1).gather(-1, comp[..., None])[..., 0], logits
     positions = (pm.cumsum(-1) - 1).clamp(min=0)  # (U, Lp) left padding is invisible
     first = model(input_ids=batch["prompts"], attention_mask=pm, position_ids=positions, use_cache=True,
                   logits_to_keep=1)
