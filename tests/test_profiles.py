@@ -90,7 +90,8 @@ def test_smollm2_switches_model_and_fine_tuning():
     tiny, smol = with_profile("tiny"), with_profile("smollm2")
     assert (smol.model.kind, smol.train.finetune) == ("smollm2", "lora")
     assert (tiny.model.kind, tiny.train.finetune) == ("tiny", "full")
-    assert smol.engine.kind == "torch" and smol.engine.dtype == "float32" and smol.train.backend == "torch"
+    assert smol.engine.kind == "torch" and smol.engine.dtype == "bfloat16" and smol.train.backend == "torch"
+    assert smol.train.bf16 and not tiny.train.bf16 and tiny.engine.dtype == "float32"
     assert (smol.engine.sampler, tiny.engine.sampler) == ("inverse_cdf", "multinomial")
     assert smol.model.context > tiny.model.context  # BPE observations and the protocol system prompt
 

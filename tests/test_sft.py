@@ -104,6 +104,19 @@ def _train_copy(steps, seed, **kw):
     return model, res, seen
 
 
+def test_bf16_autocast_rounds_the_forward_not_the_weights():
+    def run(bf16):
+        model, data = tiny_llama(hidden=32), [sum_example(a, b) for a in range(4) for b in range(4)]
+        res = train_sft(model, data, BootstrapConfig(steps=3, batch_size=4, lr=1e-3, warmup_steps=1, seed=0), PAD,
+                        bf16=bf16)
+        return model, res.losses
+
+    m32, l32 = run(False)
+    m16, l16 = run(True)
+    assert all(p.dtype == torch.float32 for p in m16.parameters())  # trained and kept in fp32
+    assert l16 != l32 and all(abs(a - b) < 0.05 * a for a, b in zip(l16, l32, strict=True))  # bf16 matmuls, same run
+
+
 def test_same_seed_same_run_and_callback_per_step():
     m1, r1, seen = _train_copy(4, seed=3)
     m2, r2, _ = _train_copy(4, seed=3)

@@ -70,7 +70,7 @@ def test_the_profile_builds_smollm2_with_lora_and_a_protocol_prompt(folder):
 
 
 def test_two_rl_iterations_with_lora_serve_the_merged_weights(folder, tmp_path):
-    p = smollm2_params(folder)
+    p = smollm2_params(folder, **{"engine.dtype": "float32", "train.bf16": False})  # fp32: engine = trainer
     tasks = build_family("sum", {"digits": 1}).generate(0, 4, 1)
     t0 = time.perf_counter()
     res = train(p, folder, tasks, tmp_path / "policy", NullTracker(), ckpt_dir=tmp_path / "ckpt", log=print)
@@ -87,7 +87,7 @@ def test_two_rl_iterations_with_lora_serve_the_merged_weights(folder, tmp_path):
 
 
 def test_bf16_rl_iterations_train_lora_on_fp32_weights(folder, tmp_path):
-    """The profile with `engine.dtype: bfloat16` and `train.bf16: true` (README, "bf16 on CPU")."""
+    """The profile as shipped: `engine.dtype: bfloat16` and `train.bf16: true` (README, "bf16 on CPU")."""
     # LoRA starts at the base weights, where the KL term has no gradient, so the weights move only if
     # some group's rewards differ: a token cost makes episodes of different lengths differ
     p = smollm2_params(folder, **{"engine.dtype": "bfloat16", "train.bf16": True, "reward.token_cost": 0.5})

@@ -575,7 +575,7 @@ def instruct_sft(model, tokenizer, params: Params, train_tasks: Sequence[Task], 
             on_step(step, m)
 
     sft = train_sft(adapted, traces, replace(cfg, steps=cfg.instruct_steps), tokenizer.pad_token_id,
-                    on_step=log, batches=batches)
+                    on_step=log, batches=batches, bf16=params.train.bf16)
     merged = adapted.merge_and_unload().eval()
     tail = max(1, len(sft.losses) // 10)
     metrics.update({
@@ -610,7 +610,9 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
         # instruct model + a short LoRA SFT on the scripted traces, merged (`instruct_sft`)
         base = materialize(params.model, folder, cfg.seed)  # smollm2: converted once; hf: model.path
         res.base = str(base)
-        model, tok = load_policy(base, device=params.engine.device, dtype=params.engine.dtype)
+        # fp32 weights whatever engine.dtype: the SFT trains them as the RL trainer does (train.bf16: bf16
+        # autocast), and the saved policy is the base plus the merged adapters, not a bf16 rounding of it
+        model, tok = load_policy(base, device=params.engine.device)
         model, sft_metrics, res.steps = instruct_sft(model, tok, params, train_tasks, eval_tasks, on_step)
         res.metrics.update(sft_metrics)
         save_policy(model, tok, folder)  # a new folder: the base's files (hard-linked elsewhere) stay as they are

@@ -92,11 +92,14 @@ def train_sft(
     pad_id: int,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     batches: Sequence[Sequence[int]] | None = None,
+    bf16: bool = False,
 ) -> SFTResult:
     """Fine-tune model in place for cfg.steps batches; on_step(step, metrics) after each one.
 
     batches: the example indices of each step (e.g. grouped by length so little is padding), at
-    least cfg.steps of them; default: cfg.batch_size indices per step in seeded epoch order."""
+    least cfg.steps of them; default: cfg.batch_size indices per step in seeded epoch order.
+    bf16: the forwards under bf16 autocast (weights, gradients and AdamW state keep their dtype), as
+    the RL trainer runs them with `train.bf16`."""
     if not examples:
         raise ValueError("no SFT examples")
     if not any(any(e.loss_mask) for e in examples):
@@ -117,7 +120,8 @@ def train_sft(
         batch = collate([examples[i] for i in idx], pad_id)
         # loss
         lr = sched.get_last_lr()[0]
-        loss = masked_lm_loss(model, batch)
+        with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = masked_lm_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         # step, unless something is NaN/Inf
