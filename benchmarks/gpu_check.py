@@ -156,28 +156,15 @@ PER_ITERATION = ("perf/iteration_seconds", "perf/weight_push_seconds", "perf/rol
 """What each RL iteration records as it ends (a run cut short keeps the iterations it finished)."""
 
 
-class IterationTracker:
-    """The loop's tracker (tracking off, as NullTracker) that records PER_ITERATION of every iteration."""
+def iteration_tracker(record):
+    """The loop's tracker: tracking off (NullTracker), but PER_ITERATION of every iteration recorded."""
+    from rlcr.tracking import NullTracker
 
-    run_id = None
+    class IterationTracker(NullTracker):
+        def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+            record(f"RL iteration {step}", {k: round(metrics[k], 4) for k in PER_ITERATION if k in metrics})
 
-    def __init__(self, record):
-        self.record = record
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.record(f"RL iteration {step}", {k: round(metrics[k], 4) for k in PER_ITERATION if k in metrics})
-
-    def log_params(self, params) -> None:
-        pass
-
-    def set_tags(self, tags) -> None:
-        pass
-
-    def log_artifact(self, path, artifact_path=None) -> None:
-        pass
-
-    def log_text(self, text, artifact_file) -> None:
-        pass
+    return IterationTracker()
 
 
 BACKENDS = {"deepspeed": "DeepSpeed ZeRO-{zero} {bf16}, gradient checkpointing {gc}",
@@ -187,7 +174,7 @@ TORCH_BACKEND = {"train.zero_stage": 0, "train.gradient_checkpointing": False}
 """--backend torch: the DeepSpeed-only settings of the gpu profile turned off (params.yaml refuses them)."""
 
 
-def vllm_not_measured(engine: str) -> str:
+def vllm_not_measured() -> str:
     """The vLLM row's text when the check runs without it: why."""
     if importlib.util.find_spec("vllm") is None:
         return "not measured: the vllm package is not installed on this machine (--engine torch)"
@@ -284,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         record("vLLM generated tokens/s (bf16)", gen_tokens_per_s(vllm_engine, prompts, args.gen_tokens))
         vllm_engine.close()  # the loop builds its own
     else:
-        record("vLLM generated tokens/s (bf16)", vllm_not_measured(args.engine))
+        record("vLLM generated tokens/s (bf16)", vllm_not_measured())
 
     cfg = params.train
     engine_name = (f"{'vLLM in-process' if args.engine == 'vllm' else 'torch engine'} "
@@ -303,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.reset_peak_memory_stats()
     tasks = build_family("sum", {"digits": 1}).generate(0, 64, 1)
     with stand_in_advantages(cfg.seed) as replaced:
-        res = train(params, folder, tasks, work / "policy", IterationTracker(record), ckpt_dir=work / "ckpt",
+        res = train(params, folder, tasks, work / "policy", iteration_tracker(record), ckpt_dir=work / "ckpt",
                     register=False)
     hist = res.history
     record("RL loop: iterations with stand-in advantages (all rewards equal)",

@@ -53,7 +53,7 @@ def test_only_the_packages_of_the_named_engine_and_backend_are_required(monkeypa
     assert gpu_check.missing_requirements("torch", "torch", "cpu") == []
     assert gpu_check.missing_requirements("vllm", "torch", "cpu") == ["the vllm package (or --engine torch)"]
     assert gpu_check.missing_requirements("torch", "deepspeed", "cpu") == ["the deepspeed package (or --backend torch)"]
-    assert gpu_check.vllm_not_measured("torch") == ("not measured: the vllm package is not installed on this "
+    assert gpu_check.vllm_not_measured() == ("not measured: the vllm package is not installed on this "
                                                     "machine (--engine torch)")
 
 
