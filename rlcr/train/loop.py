@@ -274,7 +274,8 @@ def evaluate(engine, tokenizer, tasks: Sequence[Task], params: Params, seed: int
 def evaluate_folder(folder: str | Path, tasks: Sequence[Task], params: Params, seed: int) -> dict[str, float]:
     """`evaluate` of the policy saved in an HF folder, served by the torch engine."""
     model, tok = load_policy(folder, device=params.engine.device, dtype=params.engine.dtype)
-    engine = TorchEngine(model, tok, device=params.engine.device, dtype=params.engine.dtype, context=params.model.context)
+    engine = TorchEngine(model, tok, device=params.engine.device, dtype=params.engine.dtype, context=params.model.context,
+                         shared_prefill=params.engine.shared_prefill)
     return evaluate(engine, tok, tasks, params, seed)
 
 
@@ -344,7 +345,8 @@ def rollout_engine(params: Params, policy_folder: str | Path, tokenizer, device:
 
         return VllmEngine(policy_folder, dtype=params.engine.dtype, context=params.model.context)
     model, _ = load_policy(policy_folder, device=device, dtype=params.engine.dtype)
-    return TorchEngine(model, tokenizer, device=device, dtype=params.engine.dtype, context=params.model.context)
+    return TorchEngine(model, tokenizer, device=device, dtype=params.engine.dtype, context=params.model.context,
+                       shared_prefill=params.engine.shared_prefill)
 
 
 # ------------------------------------------------------------------------------------- the loop
