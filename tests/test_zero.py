@@ -48,8 +48,10 @@ and differ by <= 1e-4 on average (measured 5.3e-6; max 2.1e-3)."""
 
 
 def tiny_model():
+    """In training mode, as the loop trains (HF recomputes checkpointed layers only in training mode; no
+    dropout in this config, so the step is the same)."""
     return build_tiny(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, context=64),
-                      seed=0)[0]
+                      seed=0)[0].train()
 
 
 def batches(step: int) -> list[dict[str, torch.Tensor]]:
@@ -107,6 +109,9 @@ def _ranks(phase: str, out: Path) -> None:
             continue
         backend = DeepSpeedBackend(tiny_model(), TrainConfig(lr=1e-3, backend="deepspeed", **over), config_path)
         rank = backend.rank
+        if phase == "first" and rank == 0:  # what the step ran: training mode, checkpointed layers or not
+            mode = {"training": backend.model.training, "checkpointing": backend.model.is_gradient_checkpointing}
+            (out / f"{name}.mode.json").write_text(json.dumps(mode))
 
         if phase == "first":
             micros = rank_share(rank, 1)
@@ -176,6 +181,12 @@ def test_two_ranks_take_the_same_step_as_one_rank(runs, name):
         assert diff <= 2e-3 + rounding + 1e-6 and same >= 0.99 and mean <= 1e-4, (name, diff, same, mean)
     else:
         assert diff <= TOL[name], (name, diff)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_each_variant_steps_in_training_mode_with_checkpointing_where_it_says(runs, name):
+    mode = json.loads((runs / f"{name}.mode.json").read_text())
+    assert mode == {"training": True, "checkpointing": VARIANTS[name].get("gradient_checkpointing", False)}
 
 
 @pytest.mark.parametrize("name", RESUMED)
