@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from rlcr.config import ModelConfig  # noqa: E402
 from rlcr.policy.engine import Sampling, sequence_logprobs  # noqa: E402
-from rlcr.policy.fast_llama import FastLlama, unsupported  # noqa: E402
+from rlcr.policy.fast_llama import FastLlama, packs_weights, unsupported  # noqa: E402
 from rlcr.policy.tokenizer import build_char_tokenizer  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
 from tests.helpers import varied_tiny, vary  # noqa: E402
@@ -83,6 +83,32 @@ def test_an_in_place_weight_change_reaches_the_fused_copies():
             layer.mlp.up_proj.weight.add_(0.3)
     after = [c.token_ids for c in engine.generate(ps, s)]
     assert after == [greedy_by_recompute(model, p, 10) for p in ps]
+    assert after != before
+
+
+@pytest.mark.skipif(not packs_weights(torch.zeros(1, dtype=torch.bfloat16)), reason="no oneDNN bf16 kernels on this CPU")
+def test_bfloat16_packed_weights_give_the_bits_of_f_linear_and_follow_weight_changes():
+    model, tok = SHAPES["tiny policy"]()
+    model = model.to(torch.bfloat16)
+    ps = prompts(6, seed=6)
+    s = Sampling(temperature=1.0, max_new_tokens=12, ignore_eos=True, seed=2)
+    packed = TorchEngine(model, tok, dtype="bfloat16", context=CTX)
+    plain = TorchEngine(model, tok, dtype="bfloat16", context=CTX)
+    plain.fast.packed = False  # F.linear on the model's own matrices
+    plain.fast.weights = [(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
+                           torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight)
+                          for a, m in ((layer.self_attn, layer.mlp) for layer in model.model.layers)]
+    plain.fast.head = model.lm_head.weight
+    assert packed.fast.packed and packed.generate(ps, s) == plain.generate(ps, s)
+    greedy = Sampling(temperature=0, max_new_tokens=10, ignore_eos=True)
+    before = [c.token_ids for c in packed.generate(ps, greedy)]
+    with torch.no_grad():  # an optimiser step on the shared model: the packed copies must follow
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(-2.0)
+            layer.mlp.down_proj.weight.add_(0.05)
+        model.lm_head.weight.mul_(1.5)
+    after = [c.token_ids for c in packed.generate(ps, greedy)]
+    assert after == [c.token_ids for c in TorchEngine(model, tok, dtype="bfloat16", context=CTX).generate(ps, greedy)]
     assert after != before
 
 

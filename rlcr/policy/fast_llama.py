@@ -16,7 +16,11 @@ runs in fp32 and casts back before the weight, as HF's LlamaRMSNorm does.
 
 Weights: the fused q/k/v and gate/up matrices are copies, rebuilt by `refresh()`; the engine calls
 it whenever the model's weights change (load_state_dict, or an in-place step, seen through the
-parameters' version counters). Every other weight is read from the model itself.
+parameters' version counters). Every other weight is read from the model itself, except in bf16 on a
+CPU with oneDNN's bf16 kernels: there every matrix is a copy in oneDNN's packed layout
+(`torch.ops.mkldnn._reorder_linear_weight`, multiplied by `_linear_pointwise`, as torch inductor's
+frozen CPU graphs do). The same bits as F.linear; measured on 2 threads at 64 rows (SmolLM2 shapes):
+gate/up 0.65 -> 0.58 ms, down 0.43 -> 0.35 ms, the 49152-row LM head 13.5 -> 9.5 ms.
 
 Covers: `model_type` llama or mistral without sliding windows, SiLU MLP, no q/k/v/o or MLP bias,
 any rotary scaling the model's own rotary module implements (cos/sin come from it), grouped-query
@@ -29,6 +33,13 @@ import torch
 import torch.nn.functional as F
 
 SUPPORTED_TYPES = ("llama", "mistral")
+
+
+def packs_weights(weight: torch.Tensor) -> bool:
+    """Whether FastLlama multiplies by oneDNN-packed copies of `weight`'s kind: bf16 on a CPU whose oneDNN
+    has bf16 kernels (AVX-512 BF16 or AMX); fp32 (the tiny policy's bits) and CUDA keep F.linear."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def unsupported(model) -> str | None:
@@ -69,15 +80,24 @@ class FastLlama:
     def refresh(self) -> None:
         """Rebuild the fused matrices and rotary tables from the model's current weights and device."""
         body = self.model.model
-        self.fused = []
+        w = body.embed_tokens.weight
+        self.packed = packs_weights(w)
+        prep = torch.ops.mkldnn._reorder_linear_weight if self.packed else (lambda t: t)
+        self.weights = []  # per layer: q/k/v, o, gate/up, down, as F.linear or the packed kernel takes them
         for layer in body.layers:
             a, m = layer.self_attn, layer.mlp
-            self.fused.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                               torch.cat([m.gate_proj.weight, m.up_proj.weight])))
-        w = body.embed_tokens.weight
+            self.weights.append((prep(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
+                                 prep(a.o_proj.weight), prep(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
+                                 prep(m.down_proj.weight)))
+        self.head = prep(self.model.lm_head.weight)
         positions = torch.arange(self.model.config.max_position_embeddings, device=w.device)[None]
         cos, sin = body.rotary_emb(w[:1], positions)  # (1, P, head_dim) in the model's dtype
         self.cos, self.sin = cos[0], sin[0]
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+        return F.linear(x, weight)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
@@ -132,9 +152,8 @@ class FastLlama:
         blocked = None  # bf16/fp16 decode: every layer attends on its whole buffers (one window for all)
         if q == 1 and x.dtype != torch.float32 and (whole := cache.layers[0].whole()) is not None:
             blocked = self.decode_blocked(mask, whole[0].shape[2])
-        for layer, (w_qkv, w_gu), slot in zip(body.layers, self.fused, cache.layers, strict=True):
-            a, m = layer.self_attn, layer.mlp
-            qkv = F.linear(self._norm(x, layer.input_layernorm.weight), w_qkv).view(b, q, h + 2 * kvh, d)
+        for layer, (w_qkv, w_o, w_gu, w_down), slot in zip(body.layers, self.weights, cache.layers, strict=True):
+            qkv = self._linear(self._norm(x, layer.input_layernorm.weight), w_qkv).view(b, q, h + 2 * kvh, d)
             qkv = qkv.transpose(1, 2)  # (b, heads, q, d)
             k, v = slot.update(self._rotate(qkv[:, h : h + kvh], cos, sin), qkv[:, h + kvh :])
             query = self._rotate(qkv[:, :h], cos, sin)
@@ -142,7 +161,7 @@ class FastLlama:
                 o = self._decode_attention(query, *slot.whole(), blocked)
             else:
                 o = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=self.scale, enable_gqa=self.gqa)
-            x = x + F.linear(o.transpose(1, 2).reshape(b, q, h * d), a.o_proj.weight)
-            gate, up = F.linear(self._norm(x, layer.post_attention_layernorm.weight), w_gu).split(self.inter, -1)
-            x = x + F.linear(F.silu(gate) * up, m.down_proj.weight)
-        return F.linear(self._norm(x[:, -1], body.norm.weight), self.model.lm_head.weight)
+            x = x + self._linear(o.transpose(1, 2).reshape(b, q, h * d), w_o)
+            gate, up = self._linear(self._norm(x, layer.post_attention_layernorm.weight), w_gu).split(self.inter, -1)
+            x = x + self._linear(F.silu(gate) * up, w_down)
+        return self._linear(self._norm(x[:, -1], body.norm.weight), self.head)
