@@ -94,12 +94,9 @@ def test_bfloat16_packed_weights_give_the_bits_of_f_linear_and_follow_weight_cha
     s = Sampling(temperature=1.0, max_new_tokens=12, ignore_eos=True, seed=2)
     packed = TorchEngine(model, tok, dtype="bfloat16", context=CTX)
     plain = TorchEngine(model, tok, dtype="bfloat16", context=CTX)
-    plain.fast.packed = False  # F.linear on the model's own matrices
-    plain.fast.weights = [(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
-                           torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight)
-                          for a, m in ((layer.self_attn, layer.mlp) for layer in model.model.layers)]
-    plain.fast.head = model.lm_head.weight
-    assert packed.fast.packed and packed.generate(ps, s) == plain.generate(ps, s)
+    plain.fast = FastLlama(plain.model, pack=False)  # F.linear on plain matrices
+    assert packed.fast.packed and not plain.fast.packed
+    assert packed.generate(ps, s) == plain.generate(ps, s)
     greedy = Sampling(temperature=0, max_new_tokens=10, ignore_eos=True)
     before = [c.token_ids for c in packed.generate(ps, greedy)]
     with torch.no_grad():  # an optimiser step on the shared model: the packed copies must follow

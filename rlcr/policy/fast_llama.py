@@ -61,7 +61,8 @@ def unsupported(model) -> str | None:
 class FastLlama:
     """forward(ids, positions, mask, cache) -> logits of each row's last position, (b, vocab)."""
 
-    def __init__(self, model):
+    def __init__(self, model, pack: bool = True):
+        """pack=False keeps F.linear on plain matrices even where `packs_weights` holds (a reference)."""
         why = unsupported(model)
         if why:
             raise ValueError(f"FastLlama cannot run this model: {why}")
@@ -74,6 +75,7 @@ class FastLlama:
         self.scale = model.model.layers[0].self_attn.scaling
         self.gqa = self.kv_heads != self.heads
         self.cos = self.sin = None
+        self.pack = pack
         self.refresh()
 
     @torch.inference_mode()
@@ -81,7 +83,7 @@ class FastLlama:
         """Rebuild the fused matrices and rotary tables from the model's current weights and device."""
         body = self.model.model
         w = body.embed_tokens.weight
-        self.packed = packs_weights(w)
+        self.packed = self.pack and packs_weights(w)
         prep = torch.ops.mkldnn._reorder_linear_weight if self.packed else (lambda t: t)
         self.weights = []  # per layer: q/k/v, o, gate/up, down, as F.linear or the packed kernel takes them
         for layer in body.layers:
