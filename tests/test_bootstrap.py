@@ -370,8 +370,9 @@ def test_a_long_sum_is_drilled_as_the_parts_roles_add_never_whole():
     terms = list(range(1, 10)) * 3 + [4, 5]  # 29 terms
     shapes = B.long_sum_shapes(terms)
     assert max(len(s) for s in shapes) <= B.LONG_PART + 2 and terms not in shapes
-    leaves = [s for s in shapes if len(s) <= B.LONG_PART and len(s) > 2]
-    assert sum(map(sum, leaves)) == sum(terms)  # the worker parts cover the sum once
+    # the flat split's worker parts (29 terms: 5 parts, 6+6+6+6+5), then the manager's sum of their results
+    assert shapes[:5] == [terms[0:6], terms[6:12], terms[12:18], terms[18:24], terms[24:29]]
+    assert shapes[5] == [sum(p) for p in shapes[:5]]
     assert [sum(terms[:10])] + terms[10:19] in shapes  # a single agent's second turn: running sum, next terms
     task = build_family("sum", {"digits": 1}).generate(0, 1, 31)[0]
     assert B.sum_shapes([task]) == B.long_sum_shapes(task.meta["terms"])

@@ -238,6 +238,27 @@ def test_task_is_a_workspace_file_and_a_brief_naming_a_part_shows_its_lines():
     assert "part task.txt:4-9: none (task.txt has 4 lines)" in hire2  # a range past the end names nothing
 
 
+def test_one_hire_line_hires_several_agents_on_consecutive_parts_of_a_file():
+    script = {(0, 1): "HIRE 2 worker: task.txt\nHIRE 2 verifier: check the sum\nHIRE 3 worker: task.txt:2-4",
+              (0, 2): "HIRE 3 worker: task.txt:1-2\nHIRE 2 worker: notes.txt"}
+    rec = run_episodes([TASK4], Replay(script), cfg(max_rounds=2, max_agents=8, task_file="task.txt"))[0]
+    org = {m["agent"]: (m["role"], m["brief"]) for m in rec.episode.org()}
+    assert org == {0: ("ceo", ""), 1: ("worker", "task.txt:1-2"), 2: ("worker", "task.txt:3-4"),
+                   3: ("verifier", "check the sum"), 4: ("verifier", "check the sum"),
+                   5: ("worker", "task.txt:2"), 6: ("worker", "task.txt:3"), 7: ("worker", "task.txt:4")}
+    first, second = (t for t in rec.turns if t.agent == 0)
+    events = json.loads(first.events)
+    assert events[0] == {"kind": "HIRE", "agent": 1, "role": "worker", "cut": False, "agents": [1, 2]}
+    assert json.loads(first.actions)[0] == {"kind": "HIRE", "arg": "worker", "body": "task.txt", "count": 2}
+    assert not first.malformed and "- hired agent1, agent2 (worker); they start next round" in second.prompt
+    # refused whole, with the reason: more parts than lines, more hires than room; nothing half-hired
+    errors = json.loads(second.errors)
+    assert errors == ["HIRE refused: task.txt:1-2 has 2 lines, fewer than 3 parts",
+                      "HIRE refused: org is full (8 agents)"]
+    hire = next(t for t in rec.turns if t.agent == 2)
+    assert "part task.txt:3-4:\n| +42\n| +37" in hire.prompt
+
+
 def test_no_task_file_when_switched_off_and_runners_see_the_task_file_when_on():
     rec = run_episodes([TASK4], Replay({}, default="DONE"), cfg(task_file=""))[0]
     assert "lines, the task" not in rec.turns[0].prompt
@@ -307,7 +328,7 @@ def test_long_profile_holds_tasks_where_delegating_is_faster_and_short_ones_wher
     p = load_params(pathlib.Path(__file__).resolve().parents[1] / "params.yaml", profile="long")
     assert (p.org.task_file, p.org.show_working) == ("task.txt", True)
     lengths = {d + 1 for f in p.prepare.eval for d in f.difficulties}
-    assert {2, 4, 32} <= lengths and 32 in {d + 1 for f in p.prepare.train for d in f.difficulties}
+    assert {2, 4, 16} <= lengths and 16 in {d + 1 for f in p.prepare.train for d in f.difficulties}
     L = token_length_fn(build_tokenizer(p.model.tokenizer))
 
     def time_of(style: str, terms: int) -> float:
@@ -317,5 +338,8 @@ def test_long_profile_holds_tasks_where_delegating_is_faster_and_short_ones_wher
         assert all(r.episode.outcome == 1.0 for r in recs), style
         return sum(r.episode.critical_path_tokens for r in recs)
 
-    assert time_of("delegate", 32) < 0.7 * time_of("solo", 32)
+    assert time_of("delegate", 16) < 0.7 * time_of("solo", 16)
     assert time_of("delegate", 4) > time_of("solo", 4)
+    tasks = build_family("sum", {"digits": 1}).generate(7, 1, 15)
+    first = run_episodes(tasks, ScriptedOrg("delegate", len_fn=L), p.org, len_fn=L)[0].turns[0]
+    assert first.completion == "HIRE 4 worker: task.txt"  # one line hires four workers on four parts

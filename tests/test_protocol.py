@@ -99,6 +99,7 @@ _actions = st.one_of(
     st.builds(Action, st.just("POST"), _one_line),
     st.builds(Action, st.just("SUBMIT"), _one_line),
     st.builds(Action, st.just("HIRE"), _role, _one_line),
+    st.builds(Action, st.just("HIRE"), _role, _one_line, st.integers(0, 20)),
     st.builds(Action, st.sampled_from(["READ", "RUN"]), _path),
     st.builds(Action, st.just("WRITE"), _path, _body),
     st.builds(Action, st.sampled_from(["WAIT", "DONE"])),
@@ -145,3 +146,35 @@ def test_file_parts_named_in_text():
     assert str(Ref("task.txt", 3, 3)) == "task.txt:3" and str(Ref("task.txt", 1, 8)) == "task.txt:1-8"
     assert find_refs("../etc:1-2 task.txt:5-2 task.txt:0 12:30 x.txt:1-2x") == ()  # bad path, backwards, 0, times
     assert find_refs("a:1 a:1 b:1 c:1 d:1 e:1") == (Ref("a", 1, 1), Ref("b", 1, 1), Ref("c", 1, 1), Ref("d", 1, 1))
+
+
+def test_hire_with_a_count():
+    from rlcr.org.protocol import MAX_HIRES
+
+    p = parse_turn("HIRE 4 worker: task.txt\nHIRE 1 verifier: check @agent1")
+    assert p.errors == ()
+    assert p.actions == (Action("HIRE", "worker", "task.txt", 4), Action("HIRE", "verifier", "check @agent1"))
+    assert render_action(p.actions[0]) == "HIRE 4 worker: task.txt" and p.actions[0].to_dict()["count"] == 4
+    assert "count" not in p.actions[1].to_dict()  # a plain hire's record is what it always was
+    for bad in ("HIRE 0 worker: x", f"HIRE {MAX_HIRES + 1} worker: x", "HIRE 99999 worker: x"):
+        assert parse_turn(bad).errors == (f"line 1: HIRE <n> <role>: n is a whole number from 2 to {MAX_HIRES}",), bad
+    assert parse_turn("HIRE 3: x").errors and parse_turn("HIRE 3 Worker!: x").errors
+    assert validate_action(Action("POST", "hi", count=2)) is not None
+    assert validate_action(Action("HIRE", "worker", "x", MAX_HIRES)) is None
+
+
+def test_split_lines_into_near_equal_consecutive_parts():
+    import pytest
+
+    from rlcr.org.protocol import split_lines
+
+    assert split_lines(1, 10, 3) == [(1, 4), (5, 7), (8, 10)]
+    assert split_lines(5, 8, 4) == [(5, 5), (6, 6), (7, 7), (8, 8)]
+    assert split_lines(1, 16, 4) == [(1, 4), (5, 8), (9, 12), (13, 16)]
+    for first, last, n in [(1, 1, 1), (3, 40, 7), (2, 9, 8)]:
+        parts = split_lines(first, last, n)
+        sizes = [b - a + 1 for a, b in parts]
+        assert parts[0][0] == first and parts[-1][1] == last and max(sizes) - min(sizes) <= 1
+        assert all(parts[i][1] + 1 == parts[i + 1][0] for i in range(n - 1))
+    with pytest.raises(ValueError, match="cannot split lines 1-3 into 4 parts"):
+        split_lines(1, 3, 4)

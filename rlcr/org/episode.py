@@ -31,7 +31,8 @@ from typing import Protocol
 
 from rlcr.config import OrgConfig, RewardConfig
 from rlcr.org.board import Board, render_post
-from rlcr.org.protocol import KEYWORDS, Action, Ref, find_refs, mentions, one_line, parse_turn, quote_block
+from rlcr.org.protocol import (KEYWORDS, Action, Ref, line_range, find_refs, mentions, one_line, parse_turn, quote_block,
+                               split_lines)
 from rlcr.org.records import EpisodeRecord, EpisodeRow, TurnRow
 from rlcr.org.workspace import FileVersion, Workspace
 from rlcr.sandbox import SandboxUnavailable
@@ -217,6 +218,24 @@ class EpisodeState:
             out += [f"part {ref}: {why}"] if lines is None else [f"part {ref}:", *quote_block("\n".join(lines))]
         return out
 
+    def hire_briefs(self, brief: str, n: int) -> tuple[list[str], str | None]:
+        """The briefs of `HIRE <n> <role>: <brief>` (n = 1: the brief), or why none. A brief that is a
+        workspace file's path or one part of a file (`task.txt`, `task.txt:9-16`) is split into n
+        consecutive near-equal parts (`task.txt:9-12`, `task.txt:13-16`); any other brief goes to each."""
+        if n == 1:
+            return [brief], None
+        if (ref := line_range(brief)) is None:
+            f = self.workspace.read(brief) if brief == brief.strip() and " " not in brief else None
+            if f is None:
+                return [brief] * n, None
+            ref = Ref(f.path, 1, f.content.count("\n") + 1)
+        _, lines, why = self.part(ref)
+        if lines is None:
+            return [], f"{brief}: {why}"
+        if len(lines) < n:
+            return [], f"{ref} has {len(lines)} lines, fewer than {n} parts"
+        return [str(Ref(ref.path, x, y)) for x, y in split_lines(ref.first, ref.last, n)], None
+
     # ------------------------------------------------------------------------------ acting
     def apply(self, a: Agent, actions: Sequence[Action], round: int) -> tuple[list[dict], list[str], bool]:
         """Apply one turn's actions; returns (events, errors, any action not available to the agent)."""
@@ -249,18 +268,22 @@ class EpisodeState:
             if act.arg not in cfg.roles:
                 why = f"unknown role {act.arg!r}; roles: {' '.join(cfg.roles)}"
                 return {"kind": kind, "refused": why}, why, True
-            why = None
-            if len(self.agents) >= cfg.max_agents:
-                why = f"org is full ({cfg.max_agents} agents)"
-            elif a.depth + 1 > cfg.max_depth:
+            briefs, why = self.hire_briefs(act.body, act.count)
+            if why is None and len(self.agents) + act.count > cfg.max_agents:
+                left = cfg.max_agents - len(self.agents)
+                why = (f"org is full ({cfg.max_agents} agents)" if act.count == 1 or left <= 0
+                       else f"{act.count} hires do not fit: room for {left} ({cfg.max_agents} agents)")
+            elif why is None and a.depth + 1 > cfg.max_depth:
                 why = f"depth limit {cfg.max_depth} reached"
             if why:
                 return {"kind": kind, "refused": why}, f"HIRE refused: {why}", False
-            brief = act.body[: cfg.max_message_chars]
-            hire = Agent(len(self.agents), act.arg, brief, a.id, a.depth + 1, round + 1)
-            self.agents.append(hire)
-            a.notes.append(f"- hired agent{hire.id} ({hire.role}); it starts next round")
-            return {"kind": kind, "agent": hire.id, "role": hire.role, "cut": len(act.body) > len(brief)}, None, False
+            hires = [Agent(len(self.agents) + i, act.arg, b[: cfg.max_message_chars], a.id, a.depth + 1, round + 1)
+                     for i, b in enumerate(briefs)]
+            self.agents.extend(hires)
+            ids = ", ".join(f"agent{h.id}" for h in hires)
+            a.notes.append(f"- hired {ids} ({act.arg}); " + ("it starts" if len(hires) == 1 else "they start") + " next round")
+            ev = {"kind": kind, "agent": hires[0].id, "role": act.arg, "cut": any(len(b) > cfg.max_message_chars for b in briefs)}
+            return (ev if act.count == 1 else {**ev, "agents": [h.id for h in hires]}), None, False
         if kind == "WRITE":
             err = self.workspace.stage_write(a.id, act.arg, act.body, round)
             if err:

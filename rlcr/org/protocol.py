@@ -6,6 +6,10 @@ the agent's own working (e.g. `68+57=125`), recorded in the turn but not acted o
 
     POST <text>            one-line message to the shared board; `@agent3` mentions agent 3
     HIRE <role>: <brief>   hire an agent with that role and a one-line brief; it joins next round
+    HIRE <n> <role>: <brief>  hire n agents at once (n from 2 to MAX_HIRES); a brief that names a
+                           file or a part of one (`task.txt`, `task.txt:9-16`) is split into n
+                           consecutive near-equal parts, one per hire (`split_lines`); any other
+                           brief goes to each hire as it is
     WRITE <path>           write a file: every line after this one, to the end of the completion,
                            is its content (so WRITE comes last in a turn); text after the path on
                            the same line becomes the first content line
@@ -21,6 +25,10 @@ dot (see `rlcr.org.workspace.check_path`). Keywords are upper case; roles are lo
 Errors never raise. An unknown keyword (`FOO bar`), bad arguments (`HIRE worker` without a brief,
 `READ ../x`), a turn with no action at all, or more than `max_actions` actions each add one error
 message; the scheduler shows them to the agent next round and counts the turn as malformed.
+
+`HIRE 4 worker: task.txt` costs 10 tokens of the tiny tokenizer where four `HIRE worker: task.txt:1-4`
+lines cost 52: measured with the scripted organisations (benchmarks/org_critical_path.py), it is what
+lets a company's critical path fall below one agent's tokens on a 16-term sum.
 
 `render_action(a)` writes an action back as protocol text; for every valid action (the canonical
 form `validate_action` accepts) `parse_turn(render_action(a)).actions == (a,)`.
@@ -42,6 +50,8 @@ from dataclasses import dataclass
 
 from rlcr.org.workspace import PathError, check_path
 
+MAX_HIRES = 16
+"""The largest n of `HIRE <n> <role>: <brief>`."""
 KEYWORDS = ("POST", "HIRE", "WRITE", "READ", "RUN", "SUBMIT", "WAIT", "DONE")
 NO_ARG = ("WAIT", "DONE")
 PATH_ARG = ("WRITE", "READ", "RUN")
@@ -63,9 +73,14 @@ class Action:
     kind: str
     arg: str = ""
     body: str = ""
+    count: int = 1
+    """HIRE: how many agents (`HIRE 4 worker: task.txt`); 1 for every other action."""
 
-    def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "arg": self.arg, "body": self.body}
+    def to_dict(self) -> dict[str, str | int]:
+        out: dict[str, str | int] = {"kind": self.kind, "arg": self.arg, "body": self.body}
+        if self.count != 1:
+            out["count"] = self.count
+        return out
 
 
 @dataclass(frozen=True)
@@ -124,17 +139,33 @@ def find_refs(text: str, limit: int = 4) -> tuple[Ref, ...]:
     return tuple(out)
 
 
-def _line_range(text: str) -> Ref | None:
+def line_range(text: str) -> Ref | None:
     """`text` as exactly one file part (`task.txt:9-16`), else None."""
     m = REF.fullmatch(text)
     refs = find_refs(text, 1) if m else ()
     return refs[0] if refs else None
 
 
+def split_lines(first: int, last: int, n: int) -> list[tuple[int, int]]:
+    """Lines first..last cut into n consecutive parts whose sizes differ by at most one, the larger
+    ones first: (1, 10, 3) -> [(1, 4), (5, 7), (8, 10)]. Needs 1 <= n <= last - first + 1."""
+    size, extra = divmod(last - first + 1, n)
+    if n < 1 or size < 1:
+        raise ValueError(f"cannot split lines {first}-{last} into {n} parts")
+    out, at = [], first
+    for i in range(n):
+        k = size + (i < extra)
+        out.append((at, at + k - 1))
+        at += k
+    return out
+
+
 def validate_action(a: Action) -> str | None:
     """None when `a` is a valid action in canonical form, else why not."""
     if a.kind not in KEYWORDS:
         return f"unknown action {a.kind!r}"
+    if a.count != 1 and (a.kind != "HIRE" or not 2 <= a.count <= MAX_HIRES):
+        return f"only HIRE takes a count, from 2 to {MAX_HIRES}"
     one_line = "\n" not in a.arg and a.arg == a.arg.strip()
     if a.kind in NO_ARG:
         return None if not a.arg and not a.body else f"{a.kind} takes no argument"
@@ -149,7 +180,7 @@ def validate_action(a: Action) -> str | None:
             return "HIRE needs a one-line brief"
         return None
     path = a.arg
-    if a.kind == "READ" and (ref := _line_range(a.arg)) is not None:
+    if a.kind == "READ" and (ref := line_range(a.arg)) is not None:
         if str(ref) != a.arg:
             return "READ range is not in canonical form"
         path = ref.path
@@ -168,7 +199,7 @@ def render_action(a: Action) -> str:
     if a.kind in NO_ARG:
         return a.kind
     if a.kind == "HIRE":
-        return f"HIRE {a.arg}: {a.body}"
+        return f"HIRE {a.count} {a.arg}: {a.body}" if a.count != 1 else f"HIRE {a.arg}: {a.body}"
     if a.kind == "WRITE":
         return f"WRITE {a.arg}\n{a.body}"
     return f"{a.kind} {a.arg}"
@@ -193,14 +224,17 @@ def _parse_action(kind: str, rest: str) -> tuple[Action | None, str | None]:
         role, brief = role.strip().lower(), brief.strip()
         if not colon or not brief:
             return None, "HIRE needs '<role>: <brief>'"
+        count, role = _hire_count(role)
+        if count is None:
+            return None, f"HIRE <n> <role>: n is a whole number from 2 to {MAX_HIRES}"
         if not ROLE.fullmatch(role):
             return None, f"HIRE role {role[:40]!r} is not a lowercase word"
-        return Action("HIRE", role, brief), None
+        return Action("HIRE", role, brief, count), None
     path = arg.split(None, 1)[0] if arg else ""
     if not path:
         return None, f"{kind} needs a path"
     if kind == "READ" and ":" in path:
-        ref = _line_range(path)
+        ref = line_range(path)
         if ref is None:
             return None, f"READ {path[:60]!r}: a part is <path>:<first>-<last>, lines from 1, first <= last"
         if len(arg.split(None, 1)) > 1:
@@ -213,6 +247,15 @@ def _parse_action(kind: str, rest: str) -> tuple[Action | None, str | None]:
     if kind != "WRITE" and len(arg.split(None, 1)) > 1:
         return None, f"{kind} takes only a path"
     return Action(kind, path), None
+
+
+def _hire_count(role: str) -> tuple[int | None, str]:
+    """(n, role) of `HIRE <n> <role>`'s role part; (1, role) without a number, (None, role) for a bad one."""
+    head, _, rest = role.partition(" ")
+    if not head.isdigit():
+        return 1, role
+    n = int(head) if len(head) <= 3 else 0
+    return (n if 1 <= n <= MAX_HIRES else None), rest.strip()
 
 
 def parse_turn(text: object, max_actions: int = 8) -> ParsedTurn:

@@ -16,9 +16,13 @@ styles
               brief `check @agentN`; it accepts the worker's result only once the verifier APPROVEs,
               and hires a new worker for that part after a REJECT. Leads' results are not verified.
 
-Briefs: with a task file in the workspace (`org.task_file`, one term per line) a manager names the
-part instead of re-typing it (`HIRE worker: task.txt:5-8`, a verifier `check @agent3 task.txt:5-8`);
-the hire reads its terms from the part its observation shows. Without one, briefs carry the terms.
+Briefs: with a task file in the workspace (`org.task_file`, one term per line) a manager does not
+follow the tree: one line `HIRE <k> worker: task.txt` (k = `flat_parts`, about the square root of
+the number of terms) gives k workers consecutive parts of the file (`task.txt:1-4`, `task.txt:5-8`,
+...), the verify style hires their checkers in the same turn (`HIRE <k> verifier: task.txt`: a
+verifier checks the worker whose brief is its own part), and the manager adds the k results left to
+right. A re-hire after a REJECT names its part (`HIRE worker: task.txt:5-8`). Each hire reads its
+terms from the part its observation shows. Without a task file, briefs carry the terms.
 
 Error model (seeded by (seed, episode, agent, round), so runs are reproducible): every addition any
 scripted agent writes is off by a nonzero amount in [-10, 10] with probability `error_rate`; a
@@ -41,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlcr.org.episode import Generation, LengthFn, Request, approx_tokens
-from rlcr.org.protocol import find_refs
+from rlcr.org.protocol import Ref, find_refs
 
 _HEAD = re.compile(r"agent(\d+) \| role (\w+) \| .*?\| depth (\d+)$")
 _STATUS = re.compile(r"round (\d+) of (\d+) \| tokens left (-?\d+)$")
@@ -150,6 +154,12 @@ def tree_split(terms: Sequence[int]) -> tuple[list[int], list[int]]:
     return list(terms[:left]), list(terms[left:])
 
 
+def flat_parts(n: int) -> int:
+    """Workers a flat split of n terms hires: about sqrt(n), so that a worker's chain (n/k terms) and
+    the manager's sum of the k results take about as long; at least 2, at most n."""
+    return max(2, min(n, round(n ** 0.5)))
+
+
 def add(a: int, b: int, rng: random.Random, p: float) -> int:
     s = a + b
     if p > 0 and rng.random() < p:
@@ -250,10 +260,16 @@ class ScriptedOrg:
         return f"POST @agent{parent} {work or value}\nDONE"
 
     def _verify(self, v: View, rng: random.Random) -> str:
-        targets = re.findall(r"@agent(\d+)", v.text)
-        if not targets or int(targets[0]) not in v.org:
+        """Check the worker the brief names (`check @agent3`), or the worker whose brief is the same
+        file part as this verifier's (`HIRE 4 verifier: task.txt` hires one per part)."""
+        targets = [int(t) for t in re.findall(r"@agent(\d+)", v.text)]
+        if not targets and (refs := find_refs(v.text, 1)):
+            parent = v.org.get(v.me, ("", 0, ""))[1]
+            targets = [i for i, (role, p, brief) in sorted(v.org.items())
+                       if role == "worker" and p == parent and brief == str(refs[0])][-1:]
+        if not targets or targets[0] not in v.org:
             return "DONE"
-        target = int(targets[0])
+        target = targets[0]
         terms, claim = (terms_of(v.part) if v.part else terms_of(v.org[target][2])), claim_of(v, target)
         if claim is None or not terms:
             return "WAIT"
@@ -266,6 +282,9 @@ class ScriptedOrg:
         return f"{work}\nPOST @agent{parent} {verdict} {claimed}\nDONE"
 
     def _manage(self, v: View, terms: list[int], rng: random.Random) -> str:
+        span = v.span()
+        if span is not None and span[1] - span[0] + 1 == len(terms):
+            return self._manage_flat(v, terms, span, rng)
         hires: list[str] = []
         values: list[int | None] = []
         work: list[str] = []
@@ -296,10 +315,44 @@ class ScriptedOrg:
         out = [f"HIRE {h}" for h in hires]
         return "\n".join(out) if out else "WAIT"
 
+    def _manage_flat(self, v: View, terms: list[int], span: tuple[int, int], rng: random.Random) -> str:
+        """With the task as a file: ONE `HIRE <k> worker: <part>` splits this manager's lines into k
+        consecutive parts (k = flat_parts), then each part goes as in the tree (verified, re-hired after
+        a REJECT), and the results are added left to right. Which parts exist is read back from the
+        org chart (the workers' briefs), so nothing is remembered between turns."""
+        path = v.task_file[0]
+        mine = [find_refs(brief, 1) for i, (role, parent, brief) in sorted(v.org.items())
+                if parent == v.me and role == "worker"]
+        parts = sorted({r[0] for r in mine if r and r[0].path == path and span[0] <= r[0].first <= r[0].last <= span[1]},
+                       key=lambda r: r.first)
+        if not parts:
+            room = v.max_agents - v.n_agents
+            k = min(flat_parts(len(terms)), room)
+            if "HIRE" not in v.actions or v.depth + 1 > v.max_depth or k < 2:
+                value, work = chain(terms, rng, self.error_rate)
+                return self._deliver(v, work, value)
+            whole = path if span == (1, v.task_file[1]) else str(Ref(path, *span))
+            if self.style == "verify" and 2 * k <= room:  # a checker per part, hired in the same turn
+                return f"HIRE {k} worker: {whole}\nHIRE {k} verifier: {whole}"
+            return f"HIRE {k} worker: {whole}"
+        planned, values, hires = v.n_agents, [], []
+        for ref in parts:
+            value, act = self._part(v, terms[ref.first - span[0]: ref.last - span[0] + 1], planned, (ref.first, ref.last))
+            if act == "self":
+                value, steps = chain(terms[ref.first - span[0]: ref.last - span[0] + 1], rng, self.error_rate)
+            elif act:
+                hires.append(act)
+                planned += 1
+            values.append(value)
+        if all(x is not None for x in values):
+            total, work = chain(values, rng, self.error_rate)
+            return self._deliver(v, work, total)
+        return "\n".join(f"HIRE {h}" for h in hires) if hires else "WAIT"
+
     def _part(self, v: View, part: list[int], planned: int, where: tuple[int, int] | None = None) -> tuple[int | None, str]:
         """(value if known, what to do: '' wait, 'self' compute it, or a `role: brief` to hire).
         `where`: the part's task-file lines, named in the brief instead of the terms when known."""
-        expr = render_sum(part) if where is None else f"{v.task_file[0]}:{where[0]}-{where[1]}"
+        expr = render_sum(part) if where is None else str(Ref(v.task_file[0], *where))
         kids = [i for i, (role, parent, brief) in sorted(v.org.items())
                 if parent == v.me and role in ("worker", "lead")
                 and (terms_of(brief) == part if where is None else brief == expr)]
@@ -314,7 +367,7 @@ class ScriptedOrg:
         if self.style != "verify" or v.org[kid][0] != "worker":
             return claim, ""
         checkers = [i for i, (role, parent, brief) in sorted(v.org.items())
-                    if parent == v.me and role == "verifier" and f"@agent{kid}" in brief.split()[1:2]]
+                    if parent == v.me and role == "verifier" and (f"@agent{kid}" in brief.split()[1:2] or brief == expr)]
         if not checkers:
             if planned >= v.max_agents:  # no room for a verifier: take the worker's word
                 return claim, ""

@@ -245,9 +245,9 @@ most this many terms, a single agent adds about this many per turn (the per-turn
 def sum_shapes(tasks: Sequence[Task]) -> list[list[int]]:
     """The sums the company's roles actually add, from the tasks' prompts and sub-problems: a short
     sum (`87+21+96+91`), its pairs (`87+21`, `96+91`) and the combine (`108+187`). A long sum (more
-    than LONG_PART terms) is never added whole: its shapes are the parts a worker gets (the
-    reduction tree's halves down to LONG_PART terms), the combines of those parts' results, and the
-    stretches a single agent adds per turn (its running sum, then the next LONG_PART + 1 terms)."""
+    than LONG_PART terms) is never added whole: its shapes are the parts a worker gets (the flat split
+    of the task-file protocol, `HIRE <k> worker: task.txt`), the manager's sum of those parts' results,
+    and the stretches a single agent adds per turn (its running sum, then the next LONG_PART + 1 terms)."""
     out: list[list[int]] = []
     for t in tasks:
         exprs = [e.replace(" ", "") for e in (t.prompt, *(sp.prompt for sp in t.subproblems))]
@@ -262,20 +262,11 @@ def sum_shapes(tasks: Sequence[Task]) -> list[list[int]]:
 
 def long_sum_shapes(terms: Sequence[int]) -> list[list[int]]:
     """What the roles add of one long sum (see sum_shapes)."""
-    from rlcr.org.scripted import tree_split
+    from rlcr.org.protocol import split_lines
+    from rlcr.org.scripted import flat_parts
 
-    out: list[list[int]] = []
-
-    def split(part: list[int]) -> int:
-        if len(part) <= LONG_PART:
-            out.append(part)
-            return sum(part)
-        left, right = tree_split(part)
-        a, b = split(left), split(right)
-        out.append([a, b])
-        return a + b
-
-    split(list(terms))
+    parts = [list(terms[a - 1 : b]) for a, b in split_lines(1, len(terms), flat_parts(len(terms)))]
+    out = [*parts, [sum(p) for p in parts]]
     w = LONG_PART + 1
     out.append(list(terms[: w + 1]))
     for i in range(w, len(terms) - 1, w):
