@@ -31,8 +31,18 @@ from typing import Protocol
 
 from rlcr.config import OrgConfig, RewardConfig
 from rlcr.org.board import Board, render_post
-from rlcr.org.protocol import (KEYWORDS, Action, Ref, line_range, find_refs, mentions, one_line, parse_turn, quote_block,
-                               split_lines)
+from rlcr.org.protocol import (
+    KEYWORDS,
+    Action,
+    Ref,
+    find_refs,
+    line_range,
+    mentions,
+    one_line,
+    parse_turn,
+    quote_block,
+    split_lines,
+)
 from rlcr.org.records import EpisodeRecord, EpisodeRow, TurnRow
 from rlcr.org.workspace import FileVersion, Workspace
 from rlcr.sandbox import SandboxUnavailable
