@@ -289,16 +289,11 @@ class ScriptedOrg:
         values: list[int | None] = []
         work: list[str] = []
         planned = v.n_agents
-        span = v.span()
-        left, right = tree_split(terms)
-        spans = [None, None]
-        if span is not None and span[1] - span[0] + 1 == len(terms):
-            spans = [(span[0], span[0] + len(left) - 1), (span[0] + len(left), span[1])]
-        for part, where in zip((left, right), spans, strict=True):
+        for part in tree_split(terms):
             if len(part) == 1:
                 values.append(part[0])
                 continue
-            value, act = self._part(v, part, planned, where)
+            value, act = self._part(v, part, planned)
             if act == "self":
                 value, steps = chain(part, rng, self.error_rate)
                 work.append(steps)
@@ -335,18 +330,20 @@ class ScriptedOrg:
             if self.style == "verify" and 2 * k <= room:  # a checker per part, hired in the same turn
                 return f"HIRE {k} worker: {whole}\nHIRE {k} verifier: {whole}"
             return f"HIRE {k} worker: {whole}"
-        planned, values, hires = v.n_agents, [], []
+        planned, values, hires, work = v.n_agents, [], [], []
         for ref in parts:
-            value, act = self._part(v, terms[ref.first - span[0]: ref.last - span[0] + 1], planned, (ref.first, ref.last))
+            part = terms[ref.first - span[0]: ref.last - span[0] + 1]
+            value, act = self._part(v, part, planned, (ref.first, ref.last))
             if act == "self":
-                value, steps = chain(terms[ref.first - span[0]: ref.last - span[0] + 1], rng, self.error_rate)
+                value, steps = chain(part, rng, self.error_rate)
+                work.append(steps)
             elif act:
                 hires.append(act)
                 planned += 1
             values.append(value)
         if all(x is not None for x in values):
-            total, work = chain(values, rng, self.error_rate)
-            return self._deliver(v, work, total)
+            total, steps = chain(values, rng, self.error_rate)
+            return self._deliver(v, ";".join([*(w for w in work if w), steps]), total)
         return "\n".join(f"HIRE {h}" for h in hires) if hires else "WAIT"
 
     def _part(self, v: View, part: list[int], planned: int, where: tuple[int, int] | None = None) -> tuple[int | None, str]:
