@@ -227,7 +227,7 @@ class ScriptedOrg:
         if v.role == "worker" or "HIRE" not in v.actions or len(terms) <= 2:
             value, work = chain(terms, rng, self.error_rate)
             return self._deliver(v, work, value)
-        return self._manage(v, terms, rng)
+        return self._manage(v, terms, rng, req.max_new_tokens)
 
     def _solo(self, v: View, terms: list[int], rng: random.Random, max_new: int) -> str:
         """Add the terms writing the partial sums out. When the chain does not fit one turn and the
@@ -281,10 +281,10 @@ class ScriptedOrg:
         verdict = "APPROVE" if value == claim else "REJECT"
         return f"{work}\nPOST @agent{parent} {verdict} {claimed}\nDONE"
 
-    def _manage(self, v: View, terms: list[int], rng: random.Random) -> str:
+    def _manage(self, v: View, terms: list[int], rng: random.Random, max_new: int = 1 << 30) -> str:
         span = v.span()
         if span is not None and span[1] - span[0] + 1 == len(terms):
-            return self._manage_flat(v, terms, span, rng)
+            return self._manage_flat(v, terms, span, rng, max_new)
         hires: list[str] = []
         values: list[int | None] = []
         work: list[str] = []
@@ -310,11 +310,14 @@ class ScriptedOrg:
         out = [f"HIRE {h}" for h in hires]
         return "\n".join(out) if out else "WAIT"
 
-    def _manage_flat(self, v: View, terms: list[int], span: tuple[int, int], rng: random.Random) -> str:
+    def _manage_flat(self, v: View, terms: list[int], span: tuple[int, int], rng: random.Random,
+                     max_new: int) -> str:
         """With the task as a file: ONE `HIRE <k> worker: <part>` splits this manager's lines into k
         consecutive parts (k = flat_parts), then each part goes as in the tree (verified, re-hired after
         a REJECT), and the results are added left to right. Which parts exist is read back from the
-        org chart (the workers' briefs), so nothing is remembered between turns."""
+        org chart (the workers' briefs), so nothing is remembered between turns. A part the manager
+        adds itself (no room to re-hire after a REJECT) is written out when the turn holds it, else only
+        the total is delivered."""
         path = v.task_file[0]
         mine = [find_refs(brief, 1) for i, (role, parent, brief) in sorted(v.org.items())
                 if parent == v.me and role == "worker"]
@@ -343,7 +346,8 @@ class ScriptedOrg:
             values.append(value)
         if all(x is not None for x in values):
             total, steps = chain(values, rng, self.error_rate)
-            return self._deliver(v, ";".join([*(w for w in work if w), steps]), total)
+            text = self._deliver(v, ";".join([*(w for w in work if w), steps]), total)
+            return text if self.len_fn(text) <= max_new else self._deliver(v, steps, total)
         return "\n".join(f"HIRE {h}" for h in hires) if hires else "WAIT"
 
     def _part(self, v: View, part: list[int], planned: int, where: tuple[int, int] | None = None) -> tuple[int | None, str]:
@@ -364,7 +368,7 @@ class ScriptedOrg:
         if self.style != "verify" or v.org[kid][0] != "worker":
             return claim, ""
         checkers = [i for i, (role, parent, brief) in sorted(v.org.items())
-                    if parent == v.me and role == "verifier" and (f"@agent{kid}" in brief.split()[1:2] or brief == expr)]
+                    if parent == v.me and role == "verifier" and (f"@agent{kid}" in brief.split()[1:2] or (brief == expr and i > kid))]
         if not checkers:
             if planned >= v.max_agents:  # no room for a verifier: take the worker's word
                 return claim, ""
