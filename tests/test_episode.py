@@ -339,7 +339,29 @@ def test_long_profile_holds_tasks_where_delegating_is_faster_and_short_ones_wher
         return sum(r.episode.critical_path_tokens for r in recs)
 
     assert time_of("delegate", 16) < 0.7 * time_of("solo", 16)
+    assert time_of("verify", 16) < 0.9 * time_of("solo", 16)  # checkers hired with the workers, adding alongside
     assert time_of("delegate", 4) > time_of("solo", 4)
     tasks = build_family("sum", {"digits": 1}).generate(7, 1, 15)
     first = run_episodes(tasks, ScriptedOrg("delegate", len_fn=L), p.org, len_fn=L)[0].turns[0]
     assert first.completion == "HIRE 4 worker: task.txt"  # one line hires four workers on four parts
+
+
+def test_a_verifier_hired_with_its_worker_adds_meanwhile_and_then_only_compares():
+    import pathlib
+
+    from rlcr.config import load_params
+    from rlcr.policy.bridge import token_length_fn
+    from rlcr.policy.tokenizer import build_tokenizer
+
+    p = load_params(pathlib.Path(__file__).resolve().parents[1] / "params.yaml", profile="long")
+    L = token_length_fn(build_tokenizer(p.model.tokenizer))
+    task = build_family("sum", {"digits": 1}).generate(7, 1, 15)[0]
+    for err, verdict in ((0.0, "APPROVE"), (1.0, "REJECT")):  # a worker that errs on every addition is caught
+        rec = run_episodes([task], ScriptedOrg("verify", error_rate=err, len_fn=L), p.org, len_fn=L)[0]
+        ceo = [t.completion for t in rec.turns if t.agent == 0]
+        assert ceo[0] == "HIRE 4 worker: task.txt\nHIRE 4 verifier: task.txt"
+        checker = [t for t in rec.turns if t.role == "verifier" and t.agent == 5]
+        first, second = checker[0], checker[1]
+        assert first.round == 2 and first.completion.endswith("\nWAIT") and "=" in first.completion  # its own chain
+        assert "- your working: " in second.prompt  # the result it carries over
+        assert second.completion.startswith(f"POST @agent0 {verdict} ") and second.completion.count("=") == 1

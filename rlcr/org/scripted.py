@@ -15,6 +15,9 @@ styles
     verify    delegate, plus: one round after hiring a worker, the manager hires a verifier with the
               brief `check @agentN`; it accepts the worker's result only once the verifier APPROVEs,
               and hires a new worker for that part after a REJECT. Leads' results are not verified.
+              A verifier that starts before its worker has posted adds the part meanwhile (its
+              chain, then WAIT); with `org.show_working` it sees that result next turn and only
+              compares it with the claim, so checking costs one short turn after the worker's.
 
 Briefs: with a task file in the workspace (`org.task_file`, one term per line) a manager does not
 follow the tree: one line `HIRE <k> worker: task.txt` (k = `flat_parts`, about the square root of
@@ -188,6 +191,15 @@ def claim_of(v: View, agent: int) -> int | None:
     return None
 
 
+def own_result(working: str, terms: Sequence[int]) -> int | None:
+    """The result of this agent's last-turn working when that working was the chain of `terms` (its
+    last step adds the last term to the sum of the others), else None."""
+    m = re.search(r"(-?\d+)([-+]\d+)=(-?\d+)$", "".join(working.split()))
+    if m is None or len(terms) < 2 or int(m[2]) != terms[-1]:
+        return None
+    return int(m[3])
+
+
 def verdict_of(v: View, verifier: int) -> str | None:
     for pid in sorted(v.posts, reverse=True):
         author, text = v.posts[pid]
@@ -271,15 +283,20 @@ class ScriptedOrg:
             return "DONE"
         target = targets[0]
         terms, claim = (terms_of(v.part) if v.part else terms_of(v.org[target][2])), claim_of(v, target)
-        if claim is None or not terms:
+        if not terms:
             return "WAIT"
+        if claim is None:  # the worker has not posted yet: add the part meanwhile, the result in the working
+            return "WAIT" if v.working else f"{chain(terms, rng, self.verifier_error_rate)[1]}\nWAIT"
         parent = v.org.get(v.me, ("", 0, ""))[1]
         claimed = f"{render_sum(terms)}={claim}"
         if rng.random() < self.rubber_stamp:
             return f"POST @agent{parent} APPROVE {claimed}\nDONE"
-        value, work = chain(terms, rng, self.verifier_error_rate)
+        if (mine := own_result(v.working, terms)) is not None:  # added last turn: compare, nothing to redo
+            work, value = "", mine
+        else:
+            value, work = chain(terms, rng, self.verifier_error_rate)
         verdict = "APPROVE" if value == claim else "REJECT"
-        return f"{work}\nPOST @agent{parent} {verdict} {claimed}\nDONE"
+        return f"{work}\nPOST @agent{parent} {verdict} {claimed}\nDONE".lstrip("\n")
 
     def _manage(self, v: View, terms: list[int], rng: random.Random, max_new: int = 1 << 30) -> str:
         span = v.span()
