@@ -376,3 +376,16 @@ def test_a_long_sum_is_drilled_as_the_parts_roles_add_never_whole():
     assert [sum(terms[:10])] + terms[10:19] in shapes  # a single agent's second turn: running sum, next terms
     task = build_family("sum", {"digits": 1}).generate(0, 1, 31)[0]
     assert B.sum_shapes([task]) == B.long_sum_shapes(task.meta["terms"])
+
+
+def test_a_ceo_whose_episode_ends_without_a_right_answer_is_not_imitated():
+    from rlcr.config import OrgConfig
+    from rlcr.org import run_episodes
+    from rlcr.org.scripted import Replay
+
+    # the CEO waits for a result that never comes; its worker's own turn is right and stays
+    script = {(0, 1): "HIRE worker: 6+5", (1, 2): "6+5=11\nDONE"}
+    task = build_family("sum", {"digits": 1}).generate(0, 1, 1)[0]
+    rec = run_episodes([task], Replay(script, default="WAIT"), OrgConfig(max_rounds=4))[0]
+    assert rec.episode.submitter < 0 and rec.episode.outcome == 0.0
+    assert B.correct_agents(rec) == {1}

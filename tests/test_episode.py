@@ -365,3 +365,20 @@ def test_a_verifier_hired_with_its_worker_adds_meanwhile_and_then_only_compares(
         assert first.round == 2 and first.completion.endswith("\nWAIT") and "=" in first.completion  # its own chain
         assert "- your working: " in second.prompt  # the result it carries over
         assert second.completion.startswith(f"POST @agent0 {verdict} ") and second.completion.count("=") == 1
+
+
+def test_a_flat_split_gives_every_worker_two_terms_and_three_terms_are_not_split():
+    from rlcr.org.protocol import split_lines
+    from rlcr.org.scripted import flat_parts
+
+    assert [flat_parts(n) for n in (2, 3, 4, 5, 9, 16, 32)] == [1, 1, 2, 2, 3, 4, 6]
+    for n in range(4, 41):
+        assert all(b - a >= 1 for a, b in split_lines(1, n, flat_parts(n))), n
+    # every length of the task file protocol ends with the right answer when nobody errs (a one-term
+    # part posts no equation, so its manager used to wait for a claim until the last round)
+    c = cfg(max_agents=9, max_rounds=12, token_budget=768, task_file="task.txt", show_working=True)
+    for terms in (2, 3, 4, 5, 16):
+        tasks = build_family("signed_sum", {"digits": 1}).generate(3, 4, terms - 1)
+        for style in ("delegate", "verify"):
+            recs = run_episodes(tasks, ScriptedOrg(style), c)
+            assert [r.episode.outcome for r in recs] == [1.0] * 4, (terms, style)

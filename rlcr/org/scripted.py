@@ -159,8 +159,9 @@ def tree_split(terms: Sequence[int]) -> tuple[list[int], list[int]]:
 
 def flat_parts(n: int) -> int:
     """Workers a flat split of n terms hires: about sqrt(n), so that a worker's chain (n/k terms) and
-    the manager's sum of the k results take about as long; at least 2, at most n."""
-    return max(2, min(n, round(n ** 0.5)))
+    the manager's sum of the k results take about as long; at least 2, and at most n // 2 so that every
+    part has two terms to add (a one-term part has no sum to post). Below 2 (n < 4): no split."""
+    return min(max(2, round(n ** 0.5)), n // 2)
 
 
 def add(a: int, b: int, rng: random.Random, p: float) -> int:

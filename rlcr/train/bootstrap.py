@@ -12,9 +12,10 @@ traces    Each episode plays a TRAIN task (cycled to `bootstrap.episodes`) with 
           scheduler renders for the learned policy later. A round of all episodes is one batch.
 filter    An agent's turns are imitated only when everything the agent itself asserted is true:
           each equation it wrote holds, each APPROVE/REJECT fits the truth of the claim it judged,
-          a SUBMIT it made verifies. So the policy learns correct behaviour in situations that hold
-          other agents' errors (a verifier sees a wrong post and rejects it; a CEO sees the REJECT
-          and rehires) and never imitates an error. Whole failed episodes are not thrown away:
+          a SUBMIT it made verifies (a CEO whose episode ended with no right answer, submitted or
+          not, is left out: it may have waited in vain). So the policy learns correct behaviour in
+          situations that hold other agents' errors (a verifier sees a wrong post and rejects it; a
+          CEO sees the REJECT and rehires) and never imitates an error. Whole failed episodes are not thrown away:
           that would hide exactly the situations verifiers exist for.
 examples  One per kept turn: prompt_ids(observation) is context, completion_ids(turn) (text + eos)
           the loss-carrying target; THE encoding of `rlcr.policy.bridge`.
@@ -140,8 +141,8 @@ def scripted_traces(tasks: Sequence[Task], cfg: BootstrapConfig, org: OrgConfig,
 def correct_agents(record: EpisodeRecord) -> set[int]:
     """Agents all of whose own assertions are true (see the module docstring)."""
     bad = {t.agent for t in record.turns if not turn_is_correct(t.completion, t.prompt)}
-    if record.episode.submitter >= 0 and record.episode.outcome < 1.0:
-        bad.add(record.episode.submitter)
+    if record.episode.outcome < 1.0:  # a wrong answer, or none: its submitter (else the CEO, who waited in vain)
+        bad.add(record.episode.submitter if record.episode.submitter >= 0 else 0)
     return {t.agent for t in record.turns} - bad
 
 
