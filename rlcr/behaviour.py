@@ -271,6 +271,7 @@ def combine_is_right(prompt: str, completion: str) -> bool | None:
     """Whether a manager's turn delivers the sum of its hires' latest results (one per brief) plus the
     task terms it gave no hire; None when the turn is no combine (no hire's result in view, or no
     number delivered by SUBMIT / POST to someone)."""
+    from rlcr.org.protocol import find_refs
     from rlcr.org.scripted import read_view, terms_of
 
     delivered = [int(a or b) for a, b in _DELIVERED.findall(completion)]
@@ -285,8 +286,17 @@ def combine_is_right(prompt: str, completion: str) -> bool | None:
             results[kids[author]] = int(m.group(1))
     if not results:
         return None
-    rest = list(v.terms() or [])
+    terms, span = list(v.terms() or []), v.span()
+    given: set[int] = set()  # places in `terms` of the task-file lines a brief names (`task.txt:5-8`)
+    briefs = []
     for brief in results:
+        refs = find_refs(brief, 1)
+        if span is not None and refs and refs[0].path == v.task_file[0]:
+            given.update(range(refs[0].first - span[0], refs[0].last - span[0] + 1))
+        else:
+            briefs.append(brief)
+    rest = [t for i, t in enumerate(terms) if i not in given]
+    for brief in briefs:  # briefs that carry their terms (`HIRE worker: 6+5`)
         for t in terms_of(brief) or []:
             if t in rest:
                 rest.remove(t)

@@ -150,3 +150,18 @@ def test_a_managers_combine_is_judged_against_its_hires_results():
     for style in ("delegate", "verify"):
         m = behaviour_metrics(run_episodes(tasks, ScriptedOrg(style, seed=2), OrgConfig(max_rounds=40)))
         assert m["skill/ceo/combines_total"] == 20 and m["skill/ceo/combine_correct"] == 1.0, style
+
+
+def test_a_combine_of_hires_on_task_file_parts_is_judged_by_the_lines_they_got():
+    # `task.txt:1-2` names lines, not the terms 1 and -2: the hires got the first four terms, the CEO kept 5
+    obs = ("agent0 | role ceo | you lead the company | depth 0\norg (3 agents, nearest first):\n| agent0 ceo\n"
+           "| agent1 worker <- agent0: task.txt:1-2\n| agent2 worker <- agent0: task.txt:3-4\nfiles:\n"
+           "| task.txt 5 lines, the task\nround 3 of 12 | tokens left 466\ntask:\n| 9+3+7-4+5\n"
+           "for you (last 2 of 2):\n[#1 agent1 worker] @agent0 9+3=12\n[#2 agent2 worker] @agent0 7-4=3")
+    assert combine_is_right(obs, "12+3=15;15+5=20\nSUBMIT 20")
+    assert not combine_is_right(obs, "12+3=15\nSUBMIT 15")
+    tasks = build_family("signed_sum", {"digits": 1}).generate(4, 10, 15)  # 16 terms: HIRE 4 worker: task.txt
+    c = OrgConfig(max_rounds=12, max_agents=9, token_budget=768, task_file="task.txt", show_working=True)
+    for style in ("delegate", "verify"):
+        m = behaviour_metrics(run_episodes(tasks, ScriptedOrg(style, seed=2), c))
+        assert m["skill/ceo/combines_total"] == 10 and m["skill/ceo/combine_correct"] == 1.0, style
