@@ -147,6 +147,9 @@ def main() -> None:
         for name, turns in (("held-out", held_turns), ("train tasks", seen_turns)):
             kinds, wrong = measure(model, tokenizer, turns, params.org.context_tokens, params.engine)
             n = sum(kinds.values())
+            if not n:
+                print(f"| {steps} | {name} | no combine observations | | | | |")
+                continue
             print(f"| {steps} | {name} | " + " | ".join(f"{kinds[k] / n:.2f} ({kinds[k]})" for k in KINDS) + f" | {took:.0f} |")
             for want, got in wrong if name == "held-out" else []:
                 print(f"    scripted `{want}`  policy `{got}`")
