@@ -318,7 +318,8 @@ def test_read_part_errors_are_observations():
     assert "task.txt has 4 lines" in t2.prompt and "- part task.txt:2:\n| +57" in t2.prompt
 
 
-def test_long_profile_holds_tasks_where_delegating_is_faster_and_short_ones_where_it_is_not():
+def long_profile():
+    """params.yaml's `long` profile and its tokenizer's length function."""
     import pathlib
 
     from rlcr.config import load_params
@@ -326,10 +327,14 @@ def test_long_profile_holds_tasks_where_delegating_is_faster_and_short_ones_wher
     from rlcr.policy.tokenizer import build_tokenizer
 
     p = load_params(pathlib.Path(__file__).resolve().parents[1] / "params.yaml", profile="long")
+    return p, token_length_fn(build_tokenizer(p.model.tokenizer))
+
+
+def test_long_profile_holds_tasks_where_delegating_is_faster_and_short_ones_where_it_is_not():
+    p, L = long_profile()
     assert (p.org.task_file, p.org.show_working) == ("task.txt", True)
     lengths = {d + 1 for f in p.prepare.eval for d in f.difficulties}
     assert {2, 4, 16} <= lengths and 16 in {d + 1 for f in p.prepare.train for d in f.difficulties}
-    L = token_length_fn(build_tokenizer(p.model.tokenizer))
 
     def time_of(style: str, terms: int) -> float:
         tasks = build_family("signed_sum", {"digits": 1}).generate(11, 4, terms - 1)
@@ -347,14 +352,7 @@ def test_long_profile_holds_tasks_where_delegating_is_faster_and_short_ones_wher
 
 
 def test_a_verifier_hired_with_its_worker_adds_meanwhile_and_then_only_compares():
-    import pathlib
-
-    from rlcr.config import load_params
-    from rlcr.policy.bridge import token_length_fn
-    from rlcr.policy.tokenizer import build_tokenizer
-
-    p = load_params(pathlib.Path(__file__).resolve().parents[1] / "params.yaml", profile="long")
-    L = token_length_fn(build_tokenizer(p.model.tokenizer))
+    p, L = long_profile()
     task = build_family("sum", {"digits": 1}).generate(7, 1, 15)[0]
     for err, verdict in ((0.0, "APPROVE"), (1.0, "REJECT")):  # a worker that errs on every addition is caught
         rec = run_episodes([task], ScriptedOrg("verify", error_rate=err, len_fn=L), p.org, len_fn=L)[0]
