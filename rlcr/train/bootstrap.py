@@ -275,11 +275,10 @@ def long_sum_shapes(terms: Sequence[int]) -> list[list[int]]:
     return out
 
 
-def drill_tasks(specs, seed: int, exclude: set[str], n: int = 2000, n_long: int | None = None) -> list[Task]:
+def drill_tasks(specs, seed: int, exclude: set[str], n: int = 2000) -> list[Task]:
     """Fresh tasks of the train split's sum families (`sum`, `signed_sum`: any family whose tasks carry
     a reduction tree of sums), drawn with seeds of their own, without any task whose prompt is in
-    `exclude` (the eval prompts): the source of the drill's sums. `n` per difficulty of each spec, and
-    `n_long` (default n // 4) for sums of more than LONG_PART terms."""
+    `exclude` (the eval prompts): the source of the drill's sums."""
     from rlcr.tasks import build_family
 
     out: list[Task] = []
@@ -289,7 +288,7 @@ def drill_tasks(specs, seed: int, exclude: set[str], n: int = 2000, n_long: int 
         family = build_family(spec.name, spec.options)
         for d in spec.difficulties:
             # a long sum yields ~11 shapes (sum_shapes), a short one 1-4: fewer long tasks keep the mix
-            k = (n // 4 if n_long is None else n_long) if d + 1 > LONG_PART else n
+            k = n // 4 if d + 1 > LONG_PART else n
             tasks = family.generate(derived_drill_seed(seed, i, d), k, d)
             out += [t for t in tasks if t.prompt.replace(" ", "") not in exclude]
     return out
@@ -297,11 +296,9 @@ def drill_tasks(specs, seed: int, exclude: set[str], n: int = 2000, n_long: int 
 
 def fresh_trace_tasks(specs, cfg: BootstrapConfig, exclude: set[str]) -> list[Task]:
     """The fresh tasks of the scripted traces (`bootstrap.fresh_share`): the drill's source (`drill_tasks`,
-    no prompt in `exclude`, but as many long sums per difficulty as short ones: the drill has fewer to
-    balance its shapes, the traces need each length's episodes alike) in a seeded shuffle, the first
-    `cfg.episodes` of them, those of difficulty >= `cfg.fresh_min_difficulty` kept (>= the longest the
-    train split's sums have, where they stop below it)."""
-    tasks = drill_tasks(specs, cfg.seed, exclude, n=cfg.episodes, n_long=cfg.episodes)
+    no prompt in `exclude`) in a seeded shuffle, the first `cfg.episodes` of them, those of difficulty >=
+    `cfg.fresh_min_difficulty` kept (>= the longest the train split's sums have, where they stop below it)."""
+    tasks = drill_tasks(specs, cfg.seed, exclude, n=cfg.episodes)
     if not tasks:
         raise ValueError("bootstrap.fresh_share > 0 needs a sum family (sum, signed_sum) in prepare.train "
                          "(or set bootstrap.fresh_share: 0)")
