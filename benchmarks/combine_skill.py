@@ -18,7 +18,11 @@ each value) on the combine turns alone of scripted episodes on the train tasks, 
 on fresh tasks of the train families (`rlcr.train.bootstrap.drill_tasks`, the drill's source); no
 prompt is shared with the held-out ones (asserted): how far more combine examples take the sub-skill.
 
-    python benchmarks/combine_skill.py [--policy models/bootstrap] [--sft-steps 0 200 600] [--lr 5e-4] [--fresh-tasks]
+With --play N each row's policy also plays N held-out sums (all lengths) as a company and as a single
+agent, sampled and greedy, through the real scheduler (`rlcr.train.bootstrap.quick_eval`, the bootstrap
+stage's check): whether a better combine carries into whole episodes.
+
+    python benchmarks/combine_skill.py [--policy models/bootstrap] [--sft-steps 0 200 600] [--lr 5e-4] [--fresh-tasks] [--play 96]
 
 Prints a table; asserts nothing but the disjointness.
 """
@@ -89,6 +93,19 @@ def measure(model, tokenizer, turns, context: int, engine_cfg) -> tuple[Counter,
     return kinds, wrong
 
 
+def play(model, tokenizer, held, params, n: int) -> str:
+    """Success by task length of `n` held-out sums played as a company and as a single agent, sampled
+    and greedy (the bootstrap stage's held-out check), as one line."""
+    from rlcr.train.bootstrap import quick_eval
+
+    m = quick_eval(model, tokenizer, held, n, params.org, params.reward, params.engine,
+                   min(params.model.context, params.org.context_tokens), params.bootstrap.seed)
+    lengths = sorted({t.difficulty for t in held})
+    return "; ".join(f"{org} {how} " + " / ".join(f"d{d} {m[f'bootstrap/{org}/{how}/d{d}']:.2f}" for d in lengths
+                                                 if f"bootstrap/{org}/{how}/d{d}" in m)
+                     for org in ("company", "single") for how in ("sampled", "greedy"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policy", default=str(ROOT / "models/bootstrap"))
@@ -99,6 +116,7 @@ def main() -> None:
     ap.add_argument("--train-episodes", type=int, default=4000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--fresh-tasks", action="store_true", help="SFT turns from fresh train-family tasks, not the train split")
+    ap.add_argument("--play", type=int, default=0, help="also play this many held-out sums per row (0: no episodes)")
     args = ap.parse_args()
 
     import pandas as pd
@@ -153,6 +171,8 @@ def main() -> None:
             print(f"| {steps} | {name} | " + " | ".join(f"{kinds[k] / n:.2f} ({kinds[k]})" for k in KINDS) + f" | {took:.0f} |")
             for want, got in wrong if name == "held-out" else []:
                 print(f"    scripted `{want}`  policy `{got}`")
+        if args.play:
+            print(f"    episodes, {args.play} held-out sums: {play(model, tokenizer, held, params, args.play)}")
 
 
 if __name__ == "__main__":
