@@ -12,6 +12,16 @@ from rlcr.config import ModelConfig, Params, resolve
 from rlcr.policy.models import build_tiny
 
 
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (benchmarks/ is a folder of scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def torchrun_cmd(script: str, *args: str, nproc: int = 2) -> tuple[list[str], dict[str, str]]:
     """`torchrun` of `script args` on `nproc` CPU ranks (gloo) at a free port, with an environment that
     carries no rank variables of an outer launch and one thread per rank. -> (command, env)"""

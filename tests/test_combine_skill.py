@@ -3,18 +3,12 @@ SFT rows themselves are the benchmark's, not a test's)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
+from tests.helpers import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("combine_skill", ROOT / "benchmarks/combine_skill.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_play_reports_each_org_and_sampling_by_task_length():
@@ -25,7 +19,7 @@ def test_play_reports_each_org_and_sampling_by_task_length():
     params = load_params(ROOT / "params.yaml", {"tracking.enabled": False}, profile="quick")
     model, tok = build_tiny(params.model, 0)
     held = build_family("sum", {"digits": 1}).generate(5, 4, 1) + build_family("sum", {"digits": 1}).generate(5, 4, 3)
-    line = load().play(model, tok, held, params, 8)
+    line = load_benchmark("combine_skill").play(model, tok, held, params, 8)
     parts = line.split("; ")
     assert [p.rsplit(" d1 ", 1)[0] for p in parts] == ["company sampled", "company greedy", "single sampled", "single greedy"]
     for p in parts:  # a rate per length of the held-out sums, each in [0, 1]
