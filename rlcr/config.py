@@ -247,6 +247,12 @@ class BootstrapConfig:
     tail_share: float = 0.0
     """tiny only: share of the drill's examples that are, instead of a worked sum, the tail of a kept
     turn that builds on others' results (its observation from the status line on, then the turn)."""
+    reuse_episodes: int = 0
+    """tiny only: more scripted company episodes (the delegate and verify styles, in their `styles` ratio)
+    on fresh tasks of the train split's sum families (difficulty >= `fresh_min_difficulty`, drawn with a
+    seed of their own, no eval prompt), of which only the kept turns that build on others' results (a
+    manager's combine, a verifier's verdict) join the traces, once each: thousands of distinct combines
+    without more of every other turn."""
     reuse_weight: int = 1
     """Each kept turn that builds on other agents' results (a verifier's, or an equation written after
     reading posts: a manager's combine) is imitated this many times per pass; 1 = like any turn."""
@@ -308,6 +314,10 @@ class BootstrapConfig:
             _fail("bootstrap.verify_error_rates", f"must be rates in [0, 1] (empty: error_rates), got {list(self.verify_error_rates)}")
         if not 0.0 <= self.tail_share <= 1.0:
             _fail("bootstrap.tail_share", f"must be in [0, 1], got {self.tail_share}")
+        if isinstance(self.reuse_episodes, bool) or not isinstance(self.reuse_episodes, int) or self.reuse_episodes < 0:
+            _fail("bootstrap.reuse_episodes", f"must be an integer >= 0, got {self.reuse_episodes!r}")
+        if self.reuse_episodes and not (self.styles.get("delegate", 0) > 0 or self.styles.get("verify", 0) > 0):
+            _fail("bootstrap.reuse_episodes", "needs the delegate or verify style in bootstrap.styles (the ones that combine)")
         if isinstance(self.reuse_weight, bool) or not isinstance(self.reuse_weight, int) or self.reuse_weight < 1:
             _fail("bootstrap.reuse_weight", f"must be an integer >= 1, got {self.reuse_weight!r}")
         if not 0.0 <= self.drill_share < 1.0:

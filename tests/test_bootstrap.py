@@ -217,6 +217,34 @@ def test_fresh_trace_tasks_are_long_unseen_sums_spread_evenly_among_the_train_ta
         cfg(fresh_share=1.5)
 
 
+def test_reuse_traces_are_distinct_unseen_company_episodes_whose_combines_and_verdicts_join_the_traces():
+    from rlcr.config import FamilySpec
+
+    evals = sums(30, 2) + sums(8, 3)
+    exclude = {t.prompt.replace(" ", "") for t in evals}
+    specs = (FamilySpec("sum", 40, (1, 2, 3), {"digits": 2}), FamilySpec("rg/gcd", 4))
+    c = cfg(reuse_episodes=80, fresh_min_difficulty=2, error_rates=(0.0, 0.3))
+    recs = B.reuse_traces(specs, c, PARAMS.org, PARAMS.reward, LEN, exclude)
+    tasks = [json.loads(r.episode.task)["prompt"] for r in recs]
+    assert len(recs) == 80 and len(set(tasks)) == 80  # each task once
+    assert not {t.replace(" ", "") for t in tasks} & exclude  # no eval prompt
+    assert {r.episode.episode_id.split(":")[1] for r in recs} == {"delegate", "verify"}  # the styles that combine
+    assert [r.episode.task for r in B.reuse_traces(specs, c, PARAMS.org, PARAMS.reward, LEN, exclude)] == \
+        [r.episode.task for r in recs]  # seeded
+    fresh = {t.prompt for t in B.fresh_trace_tasks(specs, cfg(fresh_share=0.5, episodes=80), exclude)}
+    assert len(set(tasks) - fresh) > 40  # a seed of their own: mostly other tasks than the fresh trace tasks
+
+    examples = B.reuse_examples(recs, TOK, PARAMS.org.context_tokens)
+    kept = [t for _, t in B.kept_turns(recs)]
+    assert len(examples) == sum(B.builds_on_others(t) for t in kept) < len(kept)  # only combines and verdicts
+    assert {t.role for t in kept if B.builds_on_others(t)} == {"ceo", "verifier"}
+    assert B.reuse_examples(recs, TOK, 100) == []  # too long for the context: left out
+    with pytest.raises(ValueError, match="bootstrap.reuse_episodes"):
+        cfg(reuse_episodes=-1)
+    with pytest.raises(ValueError, match="needs the delegate or verify style"):
+        cfg(reuse_episodes=10, styles={"solo": 1.0})
+
+
 def test_step_batches_spread_drill_steps_and_never_mix():
     lengths = [random.Random(i).randint(50, 900) for i in range(32)]
     batches = B.step_batches(trace_lengths=lengths, n_drill=40 * 8, steps=56, batch_size=4, drill_batch_size=8,

@@ -307,6 +307,27 @@ def fresh_trace_tasks(specs, cfg: BootstrapConfig, exclude: set[str]) -> list[Ta
     return [t for t in tasks[: cfg.episodes] if t.difficulty >= low] or [t for t in tasks if t.difficulty >= low]
 
 
+def reuse_traces(specs, cfg: BootstrapConfig, org: OrgConfig, reward: RewardConfig, len_fn: LengthFn,
+                 exclude: set[str]) -> list[EpisodeRecord]:
+    """`cfg.reuse_episodes` scripted delegate and verify episodes (their `cfg.styles` ratio) on fresh
+    tasks of difficulty >= `cfg.fresh_min_difficulty`, drawn like the drill's with a seed of their own
+    (no prompt in `exclude`), each task once while there are enough."""
+    tasks = drill_tasks(specs, cfg.seed + 1, exclude, n=cfg.reuse_episodes)
+    if not tasks:
+        raise ValueError("bootstrap.reuse_episodes > 0 needs a sum family (sum, signed_sum) in prepare.train")
+    low = min(cfg.fresh_min_difficulty, max(t.difficulty for t in tasks))
+    distinct = list({t.prompt: t for t in tasks if t.difficulty >= low}.values())
+    random.Random(f"bootstrap-reuse:{cfg.seed}").shuffle(distinct)
+    styles = {s: cfg.styles.get(s, 0.0) for s in ("delegate", "verify")}
+    return scripted_traces(distinct, replace(cfg, episodes=cfg.reuse_episodes, styles=styles), org, reward, len_fn)
+
+
+def reuse_examples(records: Sequence[EpisodeRecord], tokenizer, context: int) -> list[SFTExample]:
+    """One example per kept turn of `records` that builds on others' results and fits `context`."""
+    out = (turn_example(tokenizer, t.prompt, t.completion) for _, t in kept_turns(records) if builds_on_others(t))
+    return [e for e in out if len(e.input_ids) <= context]
+
+
 def trace_tasks(train: Sequence[Task], fresh: Sequence[Task], n: int, share: float) -> list[Task]:
     """`n` episodes' tasks: episode i is fresh when floor((i + 1) * share) > floor(i * share) (a `share`
     of them, spread evenly), else the next train task; each list is cycled in its order."""
@@ -628,6 +649,12 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
         res.metrics.update(trace_stats(records))
         context = min(params.model.context, params.org.context_tokens)
         traces, too_long = trace_examples(records, tok, context, cfg.reuse_weight)
+        if cfg.reuse_episodes:
+            reuse = reuse_traces(params.prepare.train, cfg, params.org, params.reward, token_length_fn(tok), exclude)
+            extra = reuse_examples(reuse, tok, context)
+            traces += extra
+            res.metrics.update({"traces/reuse_tasks": len({r.episode.task_id for r in reuse}),
+                                "traces/reuse_examples": len(extra)})
         if not traces:
             raise ValueError("no scripted turn was kept for SFT: check bootstrap.error_rates and the org limits")
         n_drill = drill_steps(cfg.steps, cfg.drill_share) * cfg.drill_batch_size
@@ -690,4 +717,4 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
 __all__ = ["STYLES", "BootstrapResult", "assert_held_out", "bootstrap_policy", "instruct_sft", "link_base", "TraceSpec", "arithmetic_examples", "sum_shapes", "long_sum_shapes",
            "drill_tasks", "drill_accuracy", "correct_agents", "draw_specs", "kept_turns",
            "step_batches", "length_batches", "drill_steps", "quick_eval", "scripted_traces", "trace_examples", "trace_stats", "builds_on_others",
-           "observation_tail", "tail_examples", "mix_in", "turn_example", "turn_is_correct"]
+           "observation_tail", "tail_examples", "reuse_traces", "reuse_examples", "mix_in", "turn_example", "turn_is_correct"]
