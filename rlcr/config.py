@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PROFILES = ("tiny", "quick", "long", "smollm2", "gpu")
+PROFILES = ("tiny", "quick", "long", "hierarchy", "smollm2", "gpu")
 
 
 class ConfigError(ValueError):
@@ -660,9 +660,10 @@ class ReportConfig:
 class Params:
     """All of params.yaml after the profile is applied."""
 
-    profile: Literal["tiny", "quick", "long", "smollm2", "gpu"] = "tiny"
+    profile: Literal["tiny", "quick", "long", "hierarchy", "smollm2", "gpu"] = "tiny"
     """Which `profiles.<name>` overrides apply: tiny (CPU, minutes), quick (the tiny pipeline cut to a
-    few minutes for tests), smollm2 (CPU instruct LM), gpu."""
+    few minutes for tests), long (16-term sums, where an organisation can be faster), hierarchy (6-term
+    sums, a depth-2 company and the bootstrap that learns its roles), smollm2 (CPU instruct LM), gpu."""
     seed: int = 0
     """Global seed for everything that does not have its own."""
     prepare: PrepareConfig = field(default_factory=PrepareConfig)

@@ -234,11 +234,14 @@ def test_reuse_traces_are_distinct_unseen_company_episodes_whose_combines_and_ve
     fresh = {t.prompt for t in B.fresh_trace_tasks(specs, cfg(fresh_share=0.5, episodes=80), exclude)}
     assert len(set(tasks) - fresh) > 40  # a seed of their own: mostly other tasks than the fresh trace tasks
 
-    examples = B.reuse_examples(recs, TOK, PARAMS.org.context_tokens)
+    examples, too_long = B.reuse_examples(recs, TOK, PARAMS.org.context_tokens)
+    assert too_long == 0
     kept = [t for _, t in B.kept_turns(recs)]
     assert len(examples) == sum(B.builds_on_others(t) for t in kept) < len(kept)  # only combines and verdicts
     assert {t.role for t in kept if B.builds_on_others(t)} == {"ceo", "verifier"}
-    assert B.reuse_examples(recs, TOK, 100) == []  # too long for the context: left out
+    assert B.reuse_examples(recs, TOK, 100) == ([], len(examples))  # too long for the context: left out, counted
+    with pytest.raises(ValueError, match="bootstrap.reuse_episodes > 0 needs a sum family"):
+        B.reuse_traces((FamilySpec("rg/gcd", 4),), c, PARAMS.org, PARAMS.reward, LEN, exclude)
     with pytest.raises(ValueError, match="bootstrap.reuse_episodes"):
         cfg(reuse_episodes=-1)
     with pytest.raises(ValueError, match="needs the delegate or verify style"):

@@ -67,7 +67,7 @@ def test_tiny_is_the_default_and_changes_nothing():
     assert (tiny.engine.kind, tiny.engine.device, tiny.engine.dtype) == ("torch", "cpu", "float32")
 
 
-@pytest.mark.parametrize("name", ["quick", "smollm2", "gpu"])
+@pytest.mark.parametrize("name", ["quick", "hierarchy", "smollm2", "gpu"])
 def test_a_profile_moves_exactly_the_keys_it_lists(name):
     tiny, prof = with_profile("tiny"), with_profile(name)
     moved = changed_keys(prof, tiny)
@@ -84,6 +84,36 @@ def test_quick_is_the_tiny_design_cut_down():
     n = lambda p: sum(x.numel() for x in build_tiny(p.model, 0)[0].parameters())  # noqa: E731
     assert n(quick) < n(tiny) / 2
     assert quick.train.iterations < tiny.train.iterations and quick.org.token_budget < tiny.org.token_budget
+
+
+def test_hierarchy_adds_six_term_sums_a_depth_two_company_and_the_bootstrap_that_learns_it():
+    from rlcr.org.episode import run_episodes
+    from rlcr.org.scripted import ScriptedOrg
+    from rlcr.policy.bridge import token_length_fn
+    from rlcr.policy.tokenizer import build_tokenizer
+    from rlcr.tasks import build_family
+    from rlcr.train import bootstrap as B
+
+    tiny, hier = with_profile("tiny"), with_profile("hierarchy")
+    n = lambda p: sum(x.numel() for x in build_tiny(p.model, 0)[0].parameters())  # noqa: E731
+    assert (hier.model.num_heads, tiny.model.num_heads) == (8, 4) and n(hier) == n(tiny)  # same size, more heads
+    assert {d for f in hier.prepare.train for d in f.difficulties} == {1, 2, 3, 5}
+    assert {(f.name, f.difficulties) for f in hier.prepare.eval} == {("sum", (1, 3, 5)), ("signed_sum", (1, 3, 5))}
+    assert hier.train.eval_tasks == sum(f.n * len(f.difficulties) for f in hier.prepare.eval) == 192
+    b = hier.bootstrap
+    assert (b.reuse_episodes, b.fresh_min_difficulty, b.steps) == (6000, 1, 1800) and tiny.bootstrap.reuse_episodes == 0
+
+    # a 6-term sum (difficulty 5): the scripted delegating CEO hires a lead, who hires workers
+    len_fn = token_length_fn(build_tokenizer(hier.model.tokenizer))
+    six = build_family("sum", {"digits": 1}).generate(3, 4, 5)
+    recs = run_episodes(six, ScriptedOrg(style="delegate", len_fn=len_fn), hier.org, len_fn=len_fn)
+    assert all(r.episode.outcome for r in recs)
+    assert all({t.role for t in r.turns} == {"ceo", "lead", "worker"} for r in recs)
+    # and the reuse episodes on 2-6 term sums give leads' combines to imitate
+    specs = hier.prepare.train
+    reuse = B.reuse_traces(specs, dataclasses.replace(b, reuse_episodes=60), hier.org, hier.reward, len_fn, set())
+    combines = {t.role for _, t in B.kept_turns(reuse) if B.builds_on_others(t)}
+    assert {"ceo", "lead"} <= combines
 
 
 def test_smollm2_switches_model_and_fine_tuning():

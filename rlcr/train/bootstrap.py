@@ -294,16 +294,24 @@ def drill_tasks(specs, seed: int, exclude: set[str], n: int = 2000) -> list[Task
     return out
 
 
+def fresh_sum_tasks(specs, cfg: BootstrapConfig, seed: int, n: int, exclude: set[str],
+                    option: str) -> tuple[list[Task], int]:
+    """(`drill_tasks` of the train split's sum families with `seed`, no prompt in `exclude`; the least
+    difficulty kept of them: `cfg.fresh_min_difficulty`, or their longest where all stop below it).
+    No sum family: an error naming `bootstrap.<option>`, the option that asked for fresh tasks."""
+    tasks = drill_tasks(specs, seed, exclude, n=n)
+    if not tasks:
+        raise ValueError(f"bootstrap.{option} > 0 needs a sum family (sum, signed_sum) in prepare.train "
+                         f"(or set bootstrap.{option}: 0)")
+    return tasks, min(cfg.fresh_min_difficulty, max(t.difficulty for t in tasks))
+
+
 def fresh_trace_tasks(specs, cfg: BootstrapConfig, exclude: set[str]) -> list[Task]:
     """The fresh tasks of the scripted traces (`bootstrap.fresh_share`): the drill's source (`drill_tasks`,
     no prompt in `exclude`) in a seeded shuffle, the first `cfg.episodes` of them, those of difficulty >=
     `cfg.fresh_min_difficulty` kept (>= the longest the train split's sums have, where they stop below it)."""
-    tasks = drill_tasks(specs, cfg.seed, exclude, n=cfg.episodes)
-    if not tasks:
-        raise ValueError("bootstrap.fresh_share > 0 needs a sum family (sum, signed_sum) in prepare.train "
-                         "(or set bootstrap.fresh_share: 0)")
+    tasks, low = fresh_sum_tasks(specs, cfg, cfg.seed, cfg.episodes, exclude, "fresh_share")
     random.Random(f"bootstrap-traces:{cfg.seed}").shuffle(tasks)
-    low = min(cfg.fresh_min_difficulty, max(t.difficulty for t in tasks))
     return [t for t in tasks[: cfg.episodes] if t.difficulty >= low] or [t for t in tasks if t.difficulty >= low]
 
 
@@ -312,20 +320,19 @@ def reuse_traces(specs, cfg: BootstrapConfig, org: OrgConfig, reward: RewardConf
     """`cfg.reuse_episodes` scripted delegate and verify episodes (their `cfg.styles` ratio) on fresh
     tasks of difficulty >= `cfg.fresh_min_difficulty`, drawn like the drill's with a seed of their own
     (no prompt in `exclude`), each task once while there are enough."""
-    tasks = drill_tasks(specs, cfg.seed + 1, exclude, n=cfg.reuse_episodes)
-    if not tasks:
-        raise ValueError("bootstrap.reuse_episodes > 0 needs a sum family (sum, signed_sum) in prepare.train")
-    low = min(cfg.fresh_min_difficulty, max(t.difficulty for t in tasks))
+    tasks, low = fresh_sum_tasks(specs, cfg, cfg.seed + 1, cfg.reuse_episodes, exclude, "reuse_episodes")
     distinct = list({t.prompt: t for t in tasks if t.difficulty >= low}.values())
     random.Random(f"bootstrap-reuse:{cfg.seed}").shuffle(distinct)
     styles = {s: cfg.styles.get(s, 0.0) for s in ("delegate", "verify")}
     return scripted_traces(distinct, replace(cfg, episodes=cfg.reuse_episodes, styles=styles), org, reward, len_fn)
 
 
-def reuse_examples(records: Sequence[EpisodeRecord], tokenizer, context: int) -> list[SFTExample]:
-    """One example per kept turn of `records` that builds on others' results and fits `context`."""
-    out = (turn_example(tokenizer, t.prompt, t.completion) for _, t in kept_turns(records) if builds_on_others(t))
-    return [e for e in out if len(e.input_ids) <= context]
+def reuse_examples(records: Sequence[EpisodeRecord], tokenizer, context: int) -> tuple[list[SFTExample], int]:
+    """(one example per kept turn of `records` that builds on others' results and fits `context`; how
+    many such turns did not fit and were left out)."""
+    out = [turn_example(tokenizer, t.prompt, t.completion) for _, t in kept_turns(records) if builds_on_others(t)]
+    fits = [e for e in out if len(e.input_ids) <= context]
+    return fits, len(out) - len(fits)
 
 
 def trace_tasks(train: Sequence[Task], fresh: Sequence[Task], n: int, share: float) -> list[Task]:
@@ -651,10 +658,10 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
         traces, too_long = trace_examples(records, tok, context, cfg.reuse_weight)
         if cfg.reuse_episodes:
             reuse = reuse_traces(params.prepare.train, cfg, params.org, params.reward, token_length_fn(tok), exclude)
-            extra = reuse_examples(reuse, tok, context)
+            extra, extra_too_long = reuse_examples(reuse, tok, context)
             traces += extra
             res.metrics.update({"traces/reuse_tasks": len({r.episode.task_id for r in reuse}),
-                                "traces/reuse_examples": len(extra)})
+                                "traces/reuse_examples": len(extra), "traces/reuse_too_long": extra_too_long})
         if not traces:
             raise ValueError("no scripted turn was kept for SFT: check bootstrap.error_rates and the org limits")
         n_drill = drill_steps(cfg.steps, cfg.drill_share) * cfg.drill_batch_size
@@ -717,4 +724,4 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
 __all__ = ["STYLES", "BootstrapResult", "assert_held_out", "bootstrap_policy", "instruct_sft", "link_base", "TraceSpec", "arithmetic_examples", "sum_shapes", "long_sum_shapes",
            "drill_tasks", "drill_accuracy", "correct_agents", "draw_specs", "kept_turns",
            "step_batches", "length_batches", "drill_steps", "quick_eval", "scripted_traces", "trace_examples", "trace_stats", "builds_on_others",
-           "observation_tail", "tail_examples", "reuse_traces", "reuse_examples", "mix_in", "turn_example", "turn_is_correct"]
+           "observation_tail", "tail_examples", "fresh_sum_tasks", "reuse_traces", "reuse_examples", "mix_in", "turn_example", "turn_is_correct"]
