@@ -211,8 +211,52 @@ def q1(s: Sources) -> Finding:
     evidence = f"`{head}`: success difference {s.ci(EVAL, k + 'success_diff', '+.2f')}, modelled-time ratio {ratio}"
     intro = ["Company minus single agent on the same tasks at the same token budget. Modelled time is the company's "
              "critical path (the longest generation of each round, summed) against the single agent's total tokens; "
-             "the article claims similar scores in about a quarter of the time.", ""]
-    return Finding(words[head], evidence, intro + body + [""] + lines)
+             "the article claims similar scores in about a quarter of the time.", "",
+             "The same policy in both modes (the rollouts): RL trained it as a company only, so its single-agent "
+             "mode had no RL of its own.", ""]
+    trained = q1_ablation(s)
+    if trained is None:
+        return Finding(words[head], evidence, intro + body + [""] + lines)
+    answer, trained_evidence, trained_body = trained
+    return Finding(answer, trained_evidence, intro + body + [""] + lines + [""] + trained_body)
+
+
+def q1_ablation(s: Sources) -> tuple[str, str, list[str]] | None:
+    """Q1 between equally trained policies: the `collective` ablation (RL as a company) against `no_hiring`
+    (RL as a single agent: same iterations, budget and tasks), per seed and across seeds (the per-seed
+    differences' t-interval, as Q3); None without two seeds of both. This decides the summary's answer."""
+    company, single = _ablation(s, "collective"), _ablation(s, "no_hiring")
+    diff, ratio = "collective_vs_no_hiring/success_diff", "collective_vs_no_hiring/critical_path_ratio"
+    if len(set(company) & set(single)) < 2 or not s.has(SEEDS, f"{diff}/ci_low", f"{ratio}/ci_low"):
+        return None
+    body = ["Equally trained (the ablations, causal): `collective` trained by RL as a company against `no_hiring` "
+            "trained by RL as a single agent, the same iterations, token budget and tasks.", "",
+            "| seed | company success | single success | company critical path, tokens | single tokens |",
+            "|---|---|---|---|---|"]
+    for seed in sorted(set(company) & set(single)):
+        fa, fb = company[seed], single[seed]
+        cells = []
+        for f, v, metric in ((fa, "collective", "success"), (fb, "no_hiring", "success"),
+                             (fa, "collective", "critical_path_tokens"), (fb, "no_hiring", "critical_path_tokens")):
+            k = _variant_key(s.files[f], v, metric)
+            cells.append(s.ci(f, k, ".2f" if metric == "success" else ".1f") if k else "n/a")
+        body.append(f"| `{seed}` | " + " | ".join(cells) + " |")
+    margin = s.files[PARAMS]["report.noninferiority_margin"]
+    lo, hi = s.get(SEEDS, f"{diff}/ci_low"), s.get(SEEDS, f"{diff}/ci_high")
+    t = side(s.get(SEEDS, f"{ratio}/ci_low"), s.get(SEEDS, f"{ratio}/ci_high"), 1.0)
+    if lo is not None and lo > -margin and t < 0:
+        answer, why = "yes", "the success difference stays above minus the margin and the modelled time is shorter"
+    elif (hi is not None and hi < 0) or t > 0:
+        answer, why = "no", "the company scores lower" if hi is not None and hi < 0 else "the company is slower"
+    else:
+        answer, why = "cannot say", "an across-seed interval includes the null value (no difference, or a time ratio of one)"
+    evidence = (f"equally trained, over {s.ref(SEEDS, f'{diff}/seeds', 'd')} seeds: success difference "
+                f"{_seed_ci(s, diff, '+.2f')}, modelled-time ratio {_seed_ci(s, ratio)}")
+    body += ["", f"Across seeds (a t-interval over the per-seed figures): success difference {_seed_ci(s, diff, '+.2f')}, "
+             f"modelled-time ratio (company critical path over single tokens) {_seed_ci(s, ratio)}.", "",
+             f"**{answer}**: {why} (non-inferiority margin {s.ref(PARAMS, 'report.noninferiority_margin')}); this "
+             "comparison answers the summary, where both agents had the same training."]
+    return answer, evidence, body
 
 
 def q2(s: Sources) -> Finding:
@@ -314,14 +358,16 @@ def ablation_summary(s: Sources) -> dict[str, float]:
                 out.update({f"{v}/{metric}/{k}": x for k, x in across_seeds(vals).items()})
         if v == "collective" or "collective" not in runs:
             continue
-        for metric in ("success", "accuracy_per_1k_tokens"):
-            diffs = []
-            for seed in sorted(set(seeds) & set(runs["collective"])):
-                a, b = value("collective", runs["collective"][seed], metric), value(v, seeds[seed], metric)
-                if a is not None and b is not None:
-                    diffs.append(a - b)
-            if diffs:
-                out.update({f"collective_vs_{v}/{metric}_diff/{k}": x for k, x in across_seeds(diffs).items()})
+        pairs = [(runs["collective"][seed], seeds[seed]) for seed in sorted(set(seeds) & set(runs["collective"]))]
+        for metric in ("success", "accuracy_per_1k_tokens", "critical_path_tokens"):
+            both = [(a, b) for fa, fb in pairs
+                    if (a := value("collective", fa, metric)) is not None and (b := value(v, fb, metric)) is not None]
+            if metric == "critical_path_tokens":  # modelled time: a ratio per seed (a single agent's path is its tokens)
+                name, per_seed = "critical_path_ratio", [a / b for a, b in both if b > 0]
+            else:
+                name, per_seed = f"{metric}_diff", [a - b for a, b in both]
+            if per_seed:
+                out.update({f"collective_vs_{v}/{name}/{k}": x for k, x in across_seeds(per_seed).items()})
     return out
 
 

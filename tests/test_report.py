@@ -215,6 +215,41 @@ def test_ablation_answers_use_the_spread_across_seeds():
     assert q3(s).answer == "cannot say" and "includes zero" in q3(s).body[-1]
 
 
+def _q1_files(per_seed: dict[int, tuple[float, float, float, float]]) -> Sources:
+    """Ablation files of `collective` and `no_hiring`: {seed: (company success, single success, company
+    critical path, single tokens)}."""
+    files = {}
+    for seed, (sc, ss, pc, ps) in per_seed.items():
+        for variant, success, path in (("collective", sc, pc), ("no_hiring", ss, ps)):
+            files[f"metrics/ablations/{variant}__s{seed}.json"] = {
+                "variant": variant, "seed": seed, f"{variant}/success": success, f"{variant}/success_ci_low": success - 0.1,
+                f"{variant}/success_ci_high": success + 0.1, f"{variant}/critical_path_tokens": path}
+    s = Sources({**files, "params.yaml": {f"report.{k}": v for k, v in REPORT.items()}})
+    from rlcr.report import SEEDS, ablation_summary
+    s.files[SEEDS] = ablation_summary(s)
+    return s
+
+
+def test_q1_is_answered_by_the_equally_trained_company_and_single_agent_across_seeds():
+    from rlcr.report import SEEDS, q1_ablation
+
+    # the company as good and faster on every seed: yes; its per-seed time ratio is the path over the single's tokens
+    s = _q1_files({0: (0.70, 0.70, 10.0, 20.0), 1: (0.72, 0.70, 11.0, 20.0), 2: (0.71, 0.70, 9.0, 20.0)})
+    assert s.files[SEEDS]["collective_vs_no_hiring/critical_path_ratio/mean"] == pytest.approx(0.5)
+    answer, evidence, body = q1_ablation(s)
+    assert answer == "yes" and "3 seeds" in fill(evidence, s)[0]
+    assert sum(r.startswith("| `") for r in body) == 3  # a row per seed
+    # slower on every seed: no, whatever the success
+    assert q1_ablation(_q1_files({k: (0.8, 0.7, 30.0 + k, 20.0) for k in range(3)}))[0] == "no"
+    # lower on every seed: no
+    assert q1_ablation(_q1_files({k: (0.5 + k / 100, 0.7, 10.0, 20.0) for k in range(3)}))[0] == "no"
+    # seeds that disagree on time: cannot say
+    assert q1_ablation(_q1_files({0: (0.7, 0.7, 10.0, 20.0), 1: (0.7, 0.7, 30.0, 20.0), 2: (0.7, 0.7, 20.0, 20.0)}))[0] \
+        == "cannot say"
+    # one seed: no across-seed answer, the rollouts answer Q1 as before
+    assert q1_ablation(_q1_files({0: (0.7, 0.7, 10.0, 20.0)})) is None
+
+
 def test_organisation_table_gives_each_role_its_counts_and_n_a_without_any():
     from rlcr.report import EVAL, organisation_table
 
