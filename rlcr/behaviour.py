@@ -41,6 +41,13 @@ skill/<role>/combines, .../combines_correct, .../combine_correct
                                    correct when the number is the sum of each hire's latest result
                                    (one per brief) plus its task's terms no hire was given
                                    (`combine_is_right`): the copy-from-posts sub-skill on its own
+skill/<role>/splits, .../splits_correct, .../split_correct
+                                   a manager's split: a turn that HIREs workers or leads with briefs
+                                   that carry terms (`HIRE worker: 7-4`); correct when each such brief
+                                   is a run of consecutive terms of its own task or brief, signs
+                                   included, and no two briefs share a term (`split_is_right`): the
+                                   copy-from-task sub-skill on its own (a brief that names a task-file
+                                   part, `task.txt:1-4`, copies nothing and is not judged)
 rollout/outcome, rollout/success (outcome == 1), rollout/truncated, rollout/rounds
 
 Cheating, counted only in episodes of code tasks (HumanEval, canaries), so runs without code have no
@@ -206,6 +213,9 @@ def episode_metrics(record: EpisodeRecord, len_fn: Callable[[str], int] = approx
             combines = [c for c in (combine_is_right(t.prompt, t.completion) for t in mine) if c is not None]
             if combines:
                 m[f"skill/{role}/combines"], m[f"skill/{role}/combines_correct"] = len(combines), sum(combines)
+            splits = [c for c in (split_is_right(t.prompt, t.completion) for t in mine) if c is not None]
+            if splits:
+                m[f"skill/{role}/splits"], m[f"skill/{role}/splits_correct"] = len(splits), sum(splits)
     m.update({"rollout/outcome": ep.outcome, "rollout/success": float(ep.outcome >= 1.0),
               "rollout/truncated": float(ep.truncated), "rollout/rounds": ep.rounds})
     m.update(cheat_counts(record, board, task))
@@ -303,9 +313,43 @@ def combine_is_right(prompt: str, completion: str) -> bool | None:
     return delivered[-1] == sum(results.values()) + sum(rest)
 
 
+def split_is_right(prompt: str, completion: str) -> bool | None:
+    """Whether a manager's hires copy its task: each brief of a worker or lead HIRE that carries terms
+    (`HIRE worker: 7-4`) is a run of consecutive terms of the manager's own task (or brief), signs
+    included, and no two briefs take the same term; None when the turn hires no one with such a brief
+    (or the manager's task is no sum). A brief naming a task-file part (`task.txt:1-4`) is not judged."""
+    from rlcr.org.protocol import find_refs, parse_turn
+    from rlcr.org.scripted import read_view, terms_of
+
+    if "HIRE" not in completion:  # most turns: no need to parse anything
+        return None
+    briefs = [a.body for a in parse_turn(completion).actions if a.kind == "HIRE" and a.arg in ("worker", "lead")]
+    runs = [r for b in briefs if not find_refs(b, 1) and (r := terms_of(b))]
+    if not runs:
+        return None
+    terms = read_view(prompt).terms()
+    if not terms:
+        return None
+    return _disjoint_runs(list(terms), runs, frozenset())
+
+
+def _disjoint_runs(terms: list[int], runs: list[list[int]], used: frozenset[int]) -> bool:
+    """Whether each of `runs` sits at consecutive places of `terms`, no place used twice (a search over
+    where each run starts: a turn has a few briefs)."""
+    if not runs:
+        return True
+    run, rest = runs[0], runs[1:]
+    for start in range(len(terms) - len(run) + 1):
+        places = frozenset(range(start, start + len(run)))
+        if terms[start:start + len(run)] == run and not places & used and _disjoint_runs(terms, rest, used | places):
+            return True
+    return False
+
+
 _POOLED = {
     **{f"skill/{r}/turn_correct": (f"skill/{r}/correct_turns", f"skill/{r}/turns") for r in SKILL_ROLES},
     **{f"skill/{r}/combine_correct": (f"skill/{r}/combines_correct", f"skill/{r}/combines") for r in SKILL_ROLES},
+    **{f"skill/{r}/split_correct": (f"skill/{r}/splits_correct", f"skill/{r}/splits") for r in SKILL_ROLES},
     "behaviour/false_approval_rate": ("behaviour/false_approvals", "behaviour/approvals_checked"),
     "behaviour/idle_share": ("behaviour/idle_agents", "org/hires"),
     "behaviour/malformed_rate": ("behaviour/malformed_turns", "behaviour/turns"),

@@ -657,6 +657,7 @@ def training_lines(s: Sources) -> list[str]:
     skills = []
     for role, rate, count, label in (("ceo", "turn_correct", "turns_total", "CEO turns"),
                                      ("ceo", "combine_correct", "combines_total", "CEO combines"),
+                                     ("ceo", "split_correct", "splits_total", "CEO splits"),
                                      ("worker", "turn_correct", "turns_total", "worker turns"),
                                      ("verifier", "turn_correct", "turns_total", "verifier turns")):
         key, n = (f"bootstrap/company/sampled/skill/{role}/{k}" for k in (rate, count))

@@ -10,6 +10,7 @@ from rlcr.behaviour import (
     claim_is_right,
     combine_is_right,
     episode_metrics,
+    split_is_right,
     verdict,
 )
 from rlcr.config import OrgConfig
@@ -165,3 +166,25 @@ def test_a_combine_of_hires_on_task_file_parts_is_judged_by_the_lines_they_got()
     for style in ("delegate", "verify"):
         m = behaviour_metrics(run_episodes(tasks, ScriptedOrg(style, seed=2), c))
         assert m["skill/ceo/combines_total"] == 10 and m["skill/ceo/combine_correct"] == 1.0, style
+
+
+def test_a_managers_split_is_judged_against_its_own_task():
+    obs = ("agent0 | role ceo | you lead the company | depth 0\norg (1 agents, nearest first):\n| agent0 ceo\n"
+           "round 1 of 12 | tokens left 500\ntask:\n| 3-6-4-1-1+0")
+    assert split_is_right(obs, "HIRE lead: 3-6-4-1\nHIRE worker: -1+0")
+    assert split_is_right(obs, "HIRE worker: -1+0\nHIRE lead: 3-6-4-1")  # any order
+    assert split_is_right(obs, "HIRE worker: 3-6\nHIRE worker: -4-1")  # the CEO keeps the rest
+    # the policy's copy errors (a 6-term held-out task, greedy): a term twice, a term dropped, a sign lost
+    assert not split_is_right(obs, "HIRE lead: 3-6-4-1\nHIRE worker: -1-1")  # -1-1 is a run, but it reuses a term
+    assert not split_is_right(obs, "HIRE lead: 3-6-4-1-0\nHIRE worker: -1+0")  # 3-6-4-1-0 is no run
+    assert not split_is_right(obs, "HIRE worker: 6-4")  # -6-4 with its sign lost
+    assert split_is_right(obs, "WAIT") is None and split_is_right(obs, "HIRE verifier: check the sums") is None
+    assert split_is_right(obs, "HIRE 2 worker: task.txt:1-3") is None  # a task-file part copies nothing
+    # every scripted split is right: a lead (4 terms) and a worker (2) for 6 terms, the lead's own split
+    six = build_family("signed_sum", {"digits": 1}).generate(5, 12, 5)
+    for style in ("delegate", "verify"):
+        m = behaviour_metrics(run_episodes(six, ScriptedOrg(style, seed=2), OrgConfig(max_rounds=40)))
+        assert m["skill/ceo/splits_total"] == 12 and m["skill/ceo/split_correct"] == 1.0, style
+        assert m["skill/lead/splits_total"] == 12 and m["skill/lead/split_correct"] == 1.0, style
+    m = behaviour_metrics(run_episodes(build_family("sum").generate(4, 5, 1), ScriptedOrg("solo"), OrgConfig()))
+    assert m["skill/ceo/splits_total"] == 0 and "skill/ceo/split_correct" not in m  # no split: no rate
