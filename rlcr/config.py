@@ -253,6 +253,10 @@ class BootstrapConfig:
     seed of their own, no eval prompt), of which only the kept turns that build on others' results (a
     manager's combine, a verifier's verdict) join the traces, once each: thousands of distinct combines
     without more of every other turn."""
+    reuse_splits: bool = False
+    """tiny only: the reuse episodes' managers' splits (a kept turn that HIREs workers or leads with briefs
+    that carry terms, `HIRE lead: 3-6-4-1`) join the traces too, once each: the copy-from-task sub-skill
+    (`skill/<role>/split_correct`) on thousands of distinct tasks."""
     reuse_weight: int = 1
     """Each kept turn that builds on other agents' results (a verifier's, or an equation written after
     reading posts: a manager's combine) is imitated this many times per pass; 1 = like any turn."""
@@ -318,6 +322,10 @@ class BootstrapConfig:
             _fail("bootstrap.reuse_episodes", f"must be an integer >= 0, got {self.reuse_episodes!r}")
         if self.reuse_episodes and not (self.styles.get("delegate", 0) > 0 or self.styles.get("verify", 0) > 0):
             _fail("bootstrap.reuse_episodes", "needs the delegate or verify style in bootstrap.styles (the ones that combine)")
+        if not isinstance(self.reuse_splits, bool):
+            _fail("bootstrap.reuse_splits", f"must be true or false, got {self.reuse_splits!r}")
+        if self.reuse_splits and not self.reuse_episodes:
+            _fail("bootstrap.reuse_splits", "takes the splits of the reuse episodes: set bootstrap.reuse_episodes > 0")
         if isinstance(self.reuse_weight, bool) or not isinstance(self.reuse_weight, int) or self.reuse_weight < 1:
             _fail("bootstrap.reuse_weight", f"must be an integer >= 1, got {self.reuse_weight!r}")
         if not 0.0 <= self.drill_share < 1.0:

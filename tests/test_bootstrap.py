@@ -240,6 +240,13 @@ def test_reuse_traces_are_distinct_unseen_company_episodes_whose_combines_and_ve
     assert len(examples) == sum(B.builds_on_others(t) for t in kept) < len(kept)  # only combines and verdicts
     assert {t.role for t in kept if B.builds_on_others(t)} == {"ceo", "verifier"}
     assert B.reuse_examples(recs, TOK, 100) == ([], len(examples))  # too long for the context: left out, counted
+    # with the splits: the managers' HIREs of sum briefs join them, once each
+    with_splits, _ = B.reuse_examples(recs, TOK, PARAMS.org.context_tokens, splits=True)
+    splits = [t for t in kept if B.is_split(t)]
+    assert splits and {t.role for t in splits} == {"ceo"} and all(t.completion.startswith("HIRE") for t in splits)
+    assert len(with_splits) == len(examples) + len(splits)
+    with pytest.raises(ValueError, match="bootstrap.reuse_splits"):
+        cfg(reuse_splits=True)  # no reuse episodes to take them from
     with pytest.raises(ValueError, match="bootstrap.reuse_episodes > 0 needs a sum family"):
         B.reuse_traces((FamilySpec("rg/gcd", 4),), c, PARAMS.org, PARAMS.reward, LEN, exclude)
     with pytest.raises(ValueError, match="bootstrap.reuse_episodes"):

@@ -327,10 +327,19 @@ def reuse_traces(specs, cfg: BootstrapConfig, org: OrgConfig, reward: RewardConf
     return scripted_traces(distinct, replace(cfg, episodes=cfg.reuse_episodes, styles=styles), org, reward, len_fn)
 
 
-def reuse_examples(records: Sequence[EpisodeRecord], tokenizer, context: int) -> tuple[list[SFTExample], int]:
-    """(one example per kept turn of `records` that builds on others' results and fits `context`; how
-    many such turns did not fit and were left out)."""
-    out = [turn_example(tokenizer, t.prompt, t.completion) for _, t in kept_turns(records) if builds_on_others(t)]
+def is_split(turn) -> bool:
+    """A manager's turn that HIREs workers or leads with briefs that carry terms (`bootstrap.reuse_splits`)."""
+    from rlcr.behaviour import split_is_right
+
+    return split_is_right(turn.prompt, turn.completion) is not None
+
+
+def reuse_examples(records: Sequence[EpisodeRecord], tokenizer, context: int,
+                   splits: bool = False) -> tuple[list[SFTExample], int]:
+    """(one example per kept turn of `records` that builds on others' results, or with `splits` is a
+    manager's split, and fits `context`; how many such turns did not fit and were left out)."""
+    out = [turn_example(tokenizer, t.prompt, t.completion) for _, t in kept_turns(records)
+           if builds_on_others(t) or (splits and is_split(t))]
     fits = [e for e in out if len(e.input_ids) <= context]
     return fits, len(out) - len(fits)
 
@@ -658,7 +667,7 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
         traces, too_long = trace_examples(records, tok, context, cfg.reuse_weight)
         if cfg.reuse_episodes:
             reuse = reuse_traces(params.prepare.train, cfg, params.org, params.reward, token_length_fn(tok), exclude)
-            extra, extra_too_long = reuse_examples(reuse, tok, context)
+            extra, extra_too_long = reuse_examples(reuse, tok, context, cfg.reuse_splits)
             traces += extra
             res.metrics.update({"traces/reuse_tasks": len({r.episode.task_id for r in reuse}),
                                 "traces/reuse_examples": len(extra), "traces/reuse_too_long": extra_too_long})
@@ -724,4 +733,4 @@ def bootstrap_policy(params: Params, train_tasks: Sequence[Task], eval_tasks: Se
 __all__ = ["STYLES", "BootstrapResult", "assert_held_out", "bootstrap_policy", "instruct_sft", "link_base", "TraceSpec", "arithmetic_examples", "sum_shapes", "long_sum_shapes",
            "drill_tasks", "drill_accuracy", "correct_agents", "draw_specs", "kept_turns",
            "step_batches", "length_batches", "drill_steps", "quick_eval", "scripted_traces", "trace_examples", "trace_stats", "builds_on_others",
-           "observation_tail", "tail_examples", "fresh_sum_tasks", "reuse_traces", "reuse_examples", "mix_in", "turn_example", "turn_is_correct"]
+           "observation_tail", "tail_examples", "fresh_sum_tasks", "reuse_traces", "reuse_examples", "is_split", "mix_in", "turn_example", "turn_is_correct"]
