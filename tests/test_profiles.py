@@ -101,7 +101,8 @@ def test_hierarchy_adds_six_term_sums_a_depth_two_company_and_the_bootstrap_that
     assert {(f.name, f.difficulties) for f in hier.prepare.eval} == {("sum", (1, 3, 5)), ("signed_sum", (1, 3, 5))}
     assert hier.train.eval_tasks == sum(f.n * len(f.difficulties) for f in hier.prepare.eval) == 192
     b = hier.bootstrap
-    assert (b.reuse_episodes, b.fresh_min_difficulty, b.steps) == (6000, 1, 1800) and tiny.bootstrap.reuse_episodes == 0
+    assert (b.reuse_episodes, b.reuse_splits, b.fresh_min_difficulty, b.steps) == (6000, True, 1, 1800)
+    assert (tiny.bootstrap.reuse_episodes, tiny.bootstrap.reuse_splits) == (0, False)
 
     # a 6-term sum (difficulty 5): the scripted delegating CEO hires a lead, who hires workers
     len_fn = token_length_fn(build_tokenizer(hier.model.tokenizer))
@@ -114,6 +115,8 @@ def test_hierarchy_adds_six_term_sums_a_depth_two_company_and_the_bootstrap_that
     reuse = B.reuse_traces(specs, dataclasses.replace(b, reuse_episodes=60), hier.org, hier.reward, len_fn, set())
     combines = {t.role for _, t in B.kept_turns(reuse) if B.builds_on_others(t)}
     assert {"ceo", "lead"} <= combines
+    # and the CEO's and leads' splits, which join them (`reuse_splits`)
+    assert {t.role for _, t in B.kept_turns(reuse) if B.is_split(t)} == {"ceo", "lead"}
 
 
 def test_smollm2_switches_model_and_fine_tuning():
