@@ -192,18 +192,10 @@ def q1(s: Sources) -> Finding:
         body.append(f"| `{p}` | {s.ref(EVAL, k + 'success_company')} | {s.ref(EVAL, k + 'success_single')} | "
                     f"{s.ci(EVAL, k + 'success_diff', '+.2f')} | {s.show(EVAL, k + 'tokens_ratio')} | "
                     f"{s.show(EVAL, k + 'critical_path_ratio')} | {s.show(EVAL, k + 'seconds_ratio')} | {s.ref(EVAL, k + 'tasks', 'd')} |")
-        lo, hi = s.get(EVAL, k + "success_diff_ci_low"), s.get(EVAL, k + "success_diff_ci_high")
-        t = side(s.get(EVAL, k + "critical_path_ratio_ci_low"), s.get(EVAL, k + "critical_path_ratio_ci_high"), 1.0)
-        margin = s.files[PARAMS]["report.noninferiority_margin"]
-        reaches = lo is not None and lo > -margin
         if not _enough(s, k + "tasks"):
             words[p], why = "cannot say", _few(s)
-        elif reaches and t < 0:
-            words[p], why = "yes", "the success difference stays above minus the margin and the modelled time is shorter"
-        elif (hi is not None and hi < 0) or t > 0:
-            words[p], why = "no", ("the company scores lower" if hi is not None and hi < 0 else "the company is slower")
         else:
-            words[p], why = "cannot say", "an interval includes the null value (no difference, or a time ratio of one)"
+            words[p], why = q1_verdict(s, EVAL, k + "success_diff_", k + "critical_path_ratio_", "an interval")
         lines.append(f"- `{p}`: **{words[p]}**: {why} (non-inferiority margin {m}).")
     head = _headline(policies, s)
     k = f"compare/company_vs_single/{head}/"
@@ -219,6 +211,20 @@ def q1(s: Sources) -> Finding:
         return Finding(words[head], evidence, intro + body + [""] + lines)
     answer, trained_evidence, trained_body = trained
     return Finding(answer, trained_evidence, intro + body + [""] + lines + [""] + trained_body)
+
+
+def q1_verdict(s: Sources, file: str, diff: str, ratio: str, what: str) -> tuple[str, str]:
+    """(answer, why) of Q1 from a success difference and a modelled-time ratio with their intervals, the
+    keys `<diff>ci_low`, `<diff>ci_high`, `<ratio>ci_low`, `<ratio>ci_high` of `file` (`what`: how the
+    interval is named when it decides nothing)."""
+    margin = s.files[PARAMS]["report.noninferiority_margin"]
+    lo, hi = s.get(file, diff + "ci_low"), s.get(file, diff + "ci_high")
+    t = side(s.get(file, ratio + "ci_low"), s.get(file, ratio + "ci_high"), 1.0)
+    if lo is not None and lo > -margin and t < 0:
+        return "yes", "the success difference stays above minus the margin and the modelled time is shorter"
+    if (hi is not None and hi < 0) or t > 0:
+        return "no", "the company scores lower" if hi is not None and hi < 0 else "the company is slower"
+    return "cannot say", f"{what} includes the null value (no difference, or a time ratio of one)"
 
 
 def q1_ablation(s: Sources) -> tuple[str, str, list[str]] | None:
@@ -241,15 +247,7 @@ def q1_ablation(s: Sources) -> tuple[str, str, list[str]] | None:
             k = _variant_key(s.files[f], v, metric)
             cells.append(s.ci(f, k, ".2f" if metric == "success" else ".1f") if k else "n/a")
         body.append(f"| `{seed}` | " + " | ".join(cells) + " |")
-    margin = s.files[PARAMS]["report.noninferiority_margin"]
-    lo, hi = s.get(SEEDS, f"{diff}/ci_low"), s.get(SEEDS, f"{diff}/ci_high")
-    t = side(s.get(SEEDS, f"{ratio}/ci_low"), s.get(SEEDS, f"{ratio}/ci_high"), 1.0)
-    if lo is not None and lo > -margin and t < 0:
-        answer, why = "yes", "the success difference stays above minus the margin and the modelled time is shorter"
-    elif (hi is not None and hi < 0) or t > 0:
-        answer, why = "no", "the company scores lower" if hi is not None and hi < 0 else "the company is slower"
-    else:
-        answer, why = "cannot say", "an across-seed interval includes the null value (no difference, or a time ratio of one)"
+    answer, why = q1_verdict(s, SEEDS, f"{diff}/", f"{ratio}/", "an across-seed interval")
     evidence = (f"equally trained, over {s.ref(SEEDS, f'{diff}/seeds', 'd')} seeds: success difference "
                 f"{_seed_ci(s, diff, '+.2f')}, modelled-time ratio {_seed_ci(s, ratio)}")
     body += ["", f"Across seeds (a t-interval over the per-seed figures): success difference {_seed_ci(s, diff, '+.2f')}, "
