@@ -26,6 +26,11 @@ from typing import Any
 EVAL, TRAIN, BOOT, PARAMS = "metrics/eval.json", "metrics/train.json", "metrics/bootstrap.json", "params.yaml"
 SEEDS = "reports/ablation_summary.json"
 """Derived by this module from metrics/ablations (`ablation_summary`), written next to the report."""
+RATES = "reports/rate_intervals.json"
+"""Derived by this module from the behaviour counts (`rate_intervals`), written next to the report."""
+RATE_COUNTS = {"false_approval_rate": ("behaviour/false_approvals_total", "behaviour/approvals_checked_total"),
+               "idle_agents_per_hire": ("behaviour/idle_agents_total", "org/hires_total")}
+"""Q5's rates: (events, chances) count keys of each, in eval.json runs and ablation files."""
 ABLATIONS = "metrics/ablations"
 PLACEHOLDER = re.compile(r"\{\{(?P<file>[^{}]+?)::(?P<key>[^{}]+?)::(?P<fmt>[^{}]*?)\}\}")
 NOT_FIGURES = re.compile(r"`[^`\n]*`|\bQ[1-5]\b|\]\([^)\n]*\)")
@@ -281,16 +286,11 @@ def q2(s: Sources) -> Finding:
             body.append(f"| `{p}` {label} | {s.ref(EVAL, k + 'tasks', 'd')} | {ratio} | "
                         f"{s.ci(EVAL, k + 'success_diff', '+.2f')} | {tokens} |")
         k = f"compare/company_vs_single/{p}/short/"
-        lo, hi = s.get(EVAL, k + "critical_path_ratio_ci_low"), s.get(EVAL, k + "critical_path_ratio_ci_high")
-        t = side(lo, hi, 1.0)
         if not _enough(s, k + "tasks"):
             words[p], why = "cannot say", _few(s)
-        elif lo is not None and lo == hi == 1.0:
-            words[p], why = "no", "the company does not split short tasks: same time as the single agent, no overhead"
         else:
-            words[p], why = {1: ("yes", "on short tasks the company takes longer than the single agent"),
-                             -1: ("no", "even on short tasks the company is faster"),
-                             0: ("cannot say", "the short-task time ratio's interval includes one (no speed-up)")}[t]
+            words[p], why = q2_verdict(s.get(EVAL, k + "critical_path_ratio_ci_low"),
+                                       s.get(EVAL, k + "critical_path_ratio_ci_high"), "interval")
         # three decimals: a bound of 0.9985 decides "below one" but prints as 1.00 with two
         lines.append(f"- `{p}`: **{words[p]}**: {why}; short-task ratio {s.show(EVAL, k + 'critical_path_ratio', '.3f')}.")
     head = _headline(policies, s)
@@ -299,8 +299,56 @@ def q2(s: Sources) -> Finding:
     short = (f"short: difficulty up to {s.ref(EVAL, 'eval/short_max', 'd')}, long: from {s.ref(EVAL, 'eval/long_min', 'd')}"
              if s.has(EVAL, "eval/short_max", "eval/long_min") else "short and long as configured")
     intro = [f"Communication overhead eats the parallel gain when, on short tasks, the company's modelled time is "
-             f"not below the single agent's ({short}).", ""]
-    return Finding(words[head], f"`{head}` short tasks: modelled-time ratio {ratio}", intro + body + [""] + lines)
+             f"not below the single agent's ({short}).", "",
+             "The same policy in both modes (the rollouts; RL trained only its company mode):", ""]
+    trained = q2_ablation(s)
+    if trained is None:
+        return Finding(words[head], f"`{head}` short tasks: modelled-time ratio {ratio}", intro + body + [""] + lines)
+    answer, evidence, trained_body = trained
+    return Finding(answer, evidence, intro + body + [""] + lines + [""] + trained_body)
+
+
+def q2_verdict(lo: float | None, hi: float | None, what: str) -> tuple[str, str]:
+    """(answer, why) of Q2 from the short tasks' modelled-time ratio interval (`what`: how it is named)."""
+    if lo is not None and lo == hi == 1.0:
+        return "no", "the company does not split short tasks: same time as the single agent, no overhead"
+    return {1: ("yes", "on short tasks the company takes longer than the single agent"),
+            -1: ("no", "even on short tasks the company is faster"),
+            0: ("cannot say", f"the short-task time ratio's {what} includes one (no speed-up)")}[side(lo, hi, 1.0)]
+
+
+def q2_ablation(s: Sources) -> tuple[str, str, list[str]] | None:
+    """Q2 between equally trained policies (as `q1_ablation`): the `collective` ablation's short and long
+    tasks against `no_hiring`'s, per seed and across seeds; None without two seeds of both. This decides
+    the summary's answer."""
+    company, single = _ablation(s, "collective"), _ablation(s, "no_hiring")
+    short, long = "collective_vs_no_hiring/short/critical_path_ratio", "collective_vs_no_hiring/long/critical_path_ratio"
+    if len(set(company) & set(single)) < 2 or not s.has(SEEDS, f"{short}/ci_low"):
+        return None
+    body = ["Equally trained (the ablations, causal): `collective` against `no_hiring`, as in Q1; company critical "
+            "path and single-agent tokens, and success, on short and long tasks.", "",
+            "| seed | short: company path | short: single tokens | short: success company / single | "
+            "long: company path | long: single tokens | long: success company / single |", "|---|---|---|---|---|---|---|"]
+    for seed in sorted(set(company) & set(single)):
+        fa, fb = company[seed], single[seed]
+        cells = []
+        for part in ("short", "long"):
+            ka, kb = (_variant_key(s.files[f], v, f"{part}/critical_path_tokens") for f, v in
+                      ((fa, "collective"), (fb, "no_hiring")))
+            sa, sb = (_variant_key(s.files[f], v, f"{part}/success") for f, v in ((fa, "collective"), (fb, "no_hiring")))
+            cells += [s.ref(fa, ka, ".1f") if ka else "n/a", s.ref(fb, kb, ".1f") if kb else "n/a",
+                      f"{s.ref(fa, sa) if sa else 'n/a'} / {s.ref(fb, sb) if sb else 'n/a'}"]
+        body.append(f"| `{seed}` | " + " | ".join(cells) + " |")
+    answer, why = q2_verdict(s.get(SEEDS, f"{short}/ci_low"), s.get(SEEDS, f"{short}/ci_high"), "across-seed interval")
+    evidence = (f"equally trained, over {s.ref(SEEDS, f'{short}/seeds', 'd')} seeds: short-task modelled-time ratio "
+                f"{_seed_ci(s, short, '.3f')}")
+    lines = [f"short tasks {_seed_ci(s, short, '.3f')}"]
+    if s.has(SEEDS, f"{long}/mean"):
+        lines.append(f"long tasks {_seed_ci(s, long, '.3f')}")
+    body += ["", "Across seeds (a t-interval over the per-seed ratios of company critical path to single tokens): "
+             + ", ".join(lines) + ".", "",
+             f"**{answer}**: {why}; this comparison answers the summary, where both agents had the same training."]
+    return answer, evidence, body
 
 
 def _variant_key(data: dict, variant: str, metric: str) -> str | None:
@@ -357,11 +405,12 @@ def ablation_summary(s: Sources) -> dict[str, float]:
         if v == "collective" or "collective" not in runs:
             continue
         pairs = [(runs["collective"][seed], seeds[seed]) for seed in sorted(set(seeds) & set(runs["collective"]))]
-        for metric in ("success", "accuracy_per_1k_tokens", "critical_path_tokens"):
+        for metric in ("success", "accuracy_per_1k_tokens", "critical_path_tokens", *(
+                f"{part}/{m}" for part in ("short", "long") for m in ("success", "critical_path_tokens"))):
             both = [(a, b) for fa, fb in pairs
                     if (a := value("collective", fa, metric)) is not None and (b := value(v, fb, metric)) is not None]
-            if metric == "critical_path_tokens":  # modelled time: a ratio per seed (a single agent's path is its tokens)
-                name, per_seed = "critical_path_ratio", [a / b for a, b in both if b > 0]
+            if metric.endswith("critical_path_tokens"):  # modelled time: a ratio per seed (a single agent's path is its tokens)
+                name, per_seed = metric.replace("critical_path_tokens", "critical_path_ratio"), [a / b for a, b in both if b > 0]
             else:
                 name, per_seed = f"{metric}_diff", [a - b for a, b in both]
             if per_seed:
@@ -454,6 +503,12 @@ def q4(s: Sources) -> Finding:
         body.append(f"| `{comp}` | {org} | {s.ref(EVAL, k + 'success_' + a)} | {s.ref(EVAL, k + 'success_' + b)} | "
                     f"{s.ci(EVAL, k + 'success_diff', '+.2f')} | {s.ref(EVAL, k + 'tasks', 'd')} |")
     comp, org = next(((c, o) for c, o in comps if o == "company"), comps[0])
+    runs = [f"{p}__{org}" for p in comp.split("_vs_")]
+    if org == "company" and all(s.has(EVAL, f"{r}/org/hires", f"{r}/org/hires_total") for r in runs):
+        # what the trained "organisation" is: a company that stopped hiring wins as one agent
+        body += ["", "What organisation each played: " + ", ".join(
+            f"`{r}` hires {s.ref(EVAL, f'{r}/org/hires')} agents per episode ({s.ref(EVAL, f'{r}/org/hires_total', 'd')} "
+            f"in all)" for r in runs) + "; the difference above is that of the company as RL left it."]
     k = f"compare/{comp}/{org}/"
     t = side(s.get(EVAL, k + "success_diff_ci_low"), s.get(EVAL, k + "success_diff_ci_high"), 0.0)
     if not _enough(s, k + "tasks"):
@@ -466,48 +521,136 @@ def q4(s: Sources) -> Finding:
                    body + ["", f"**{answer}**: {why}."])
 
 
+def _counts(s: Sources, file: str, prefix: str, name: str, variant: str | None = None) -> tuple[float, float] | None:
+    """(events, chances) of one of RATE_COUNTS in `file`: keys `<prefix><count key>`, or an ablation
+    variant's keys (`_variant_key`) when `variant` is given."""
+    keys = []
+    for count in RATE_COUNTS[name]:
+        k = _variant_key(s.files[file], variant, count) if variant else prefix + count
+        keys.append(k)
+    if None in keys or not s.has(file, *keys):
+        return None
+    return s.get(file, keys[0]), s.get(file, keys[1])
+
+
+def _rate_entry(events: float, chances: float) -> dict[str, float]:
+    from rlcr.proportions import wilson
+
+    out = {"events": events, "of": chances}
+    if chances > 0:
+        lo, hi = wilson(events, chances)
+        out |= {"rate": events / chances, "ci_low": lo, "ci_high": hi}
+    return out
+
+
+def _diff_entry(a: tuple[float, float], b: tuple[float, float]) -> dict[str, float]:
+    from rlcr.proportions import newcombe_diff
+
+    d, lo, hi = newcombe_diff(a[0], a[1], b[0], b[1])
+    return {"diff": d, "ci_low": lo, "ci_high": hi}
+
+
+def rate_intervals(s: Sources) -> dict[str, float]:
+    """Q5's rates from their counts (`rlcr.proportions`: Wilson intervals, Newcombe's for differences):
+    `<run>/<rate>/<stat>` of every evaluated run, `compare/<policy>_vs_<baseline>/<org>/<rate>_diff/<stat>`
+    of every policy comparison, and over the ablations, each variant's counts pooled over its seeds,
+    `ablations/<variant>/<rate>/<stat>` (with `seeds`) and `ablations/collective_vs_individual/<rate>_diff/<stat>`.
+    A rate with no chances has only its counts; a difference needs chances on both sides."""
+    out: dict[str, float] = {}
+    runs: dict[str, dict[str, tuple[float, float]]] = {}
+    for r in eval_runs(s):
+        for name in RATE_COUNTS:
+            if (c := _counts(s, EVAL, f"{r}/", name)) is not None:
+                runs.setdefault(r, {})[name] = c
+                out.update({f"{r}/{name}/{k}": v for k, v in _rate_entry(*c).items()})
+    for comp, org in policy_comparisons(s):
+        a, b = (f"{p}__{org}" for p in comp.split("_vs_"))
+        for name in RATE_COUNTS:
+            ca, cb = runs.get(a, {}).get(name), runs.get(b, {}).get(name)
+            if ca and cb and ca[1] > 0 and cb[1] > 0:
+                out.update({f"compare/{comp}/{org}/{name}_diff/{k}": v for k, v in _diff_entry(ca, cb).items()})
+    pooled: dict[str, dict[str, tuple[float, float]]] = {}
+    for variant, seeds in sorted(_by_seed(s).items()):
+        for name in RATE_COUNTS:
+            per_seed = [c for f in seeds.values() if (c := _counts(s, f, "", name, variant)) is not None]
+            if per_seed:
+                c = (sum(x for x, _ in per_seed), sum(n for _, n in per_seed))
+                pooled.setdefault(variant, {})[name] = c
+                out.update({f"ablations/{variant}/{name}/{k}": v for k, v in _rate_entry(*c).items()})
+                out[f"ablations/{variant}/{name}/seeds"] = float(len(per_seed))
+    for name in RATE_COUNTS:
+        ca, cb = pooled.get("collective", {}).get(name), pooled.get("individual", {}).get(name)
+        if ca and cb and ca[1] > 0 and cb[1] > 0:
+            out.update({f"ablations/collective_vs_individual/{name}_diff/{k}": v for k, v in _diff_entry(ca, cb).items()})
+    return out
+
+
+Q5_RATES = (("false_approval_rate", "false approvals / checked approvals (cover-up)", "cover-up"),
+            ("idle_agents_per_hire", "idle hires / hires (free-riding)", "free-riding"))
+
+
+def _rate_cell(s: Sources, key: str) -> str:
+    """`rate [low, high] (events of chances)` from the derived rates, `n/a (0 of 0)` without chances."""
+    n = f"({s.ref(RATES, key + '/events', 'd')} of {s.ref(RATES, key + '/of', 'd')})"
+    if not s.has(RATES, key + "/rate"):
+        return f"n/a {n}"
+    return f"{s.ref(RATES, key + '/rate')} [{s.ref(RATES, key + '/ci_low')}, {s.ref(RATES, key + '/ci_high')}] {n}"
+
+
+def _diff_text(s: Sources, key: str) -> str:
+    return (f"{s.ref(RATES, key + '/diff', '+.2f')} [{s.ref(RATES, key + '/ci_low', '+.2f')}, "
+            f"{s.ref(RATES, key + '/ci_high', '+.2f')}]")
+
+
 def q5(s: Sources) -> Finding:
-    rates = (("behaviour/false_approval_rate", "false approvals / checked approvals (cover-up)"),
-             ("behaviour/idle_agents_per_hire", "idle hires / hires (free-riding)"))
-    runs = [r for r in eval_runs(s) if any(s.has(EVAL, f"{r}/{k}_ci_low") for k, _ in rates)]
+    runs = [r for r in eval_runs(s) if not r.endswith("__single")  # a single agent hires and approves nobody
+            and any(s.has(RATES, f"{r}/{name}/of") for name, _, _ in Q5_RATES)]
     if not runs:
         return Finding("no data", "no company run with turn records", ["No run with turn records was evaluated."])
-    counts = {"behaviour/false_approval_rate": ("behaviour/false_approvals_total", "behaviour/approvals_checked_total"),
-              "behaviour/idle_agents_per_hire": ("behaviour/idle_agents_total", "org/hires_total")}
-
-    def cell(r: str, k: str) -> str:
-        num, den = (f"{r}/{c}" for c in counts[k])
-        n = f" ({s.ref(EVAL, num, 'd')} of {s.ref(EVAL, den, 'd')})" if s.has(EVAL, num, den) else ""
-        return (s.ci(EVAL, f"{r}/{k}") if s.has(EVAL, f"{r}/{k}_ci_low") else "n/a") + n
-
-    body = ["Each rate with its events (numerator of denominator); n/a where nothing was there to count.", "",
-            "| run | " + " | ".join(d for _, d in rates) + " |", "|---|---|---|"]
+    body = ["Each rate with its events (numerator of denominator) and a score interval from those counts (Wilson; "
+            "a difference of two rates by Newcombe's method), which stays honest where events are few or none, "
+            "unlike resampling tasks; n/a where nothing was there to count.", "",
+            "| run | " + " | ".join(d for _, d, _ in Q5_RATES) + " |", "|---|---|---|"]
     for r in runs:
-        body.append(f"| `{r}` | " + " | ".join(cell(r, k) for k, _ in rates) + " |")
+        body.append(f"| `{r}` | " + " | ".join(_rate_cell(s, f"{r}/{name}") if s.has(RATES, f"{r}/{name}/of") else "n/a"
+                                               for name, _, _ in Q5_RATES) + " |")
     body += ["", *cheating_lines(s), ""]
     signs, evidence = [], []
+    verdict = {1: "**rose**", -1: "fell", 0: "no change shown"}
     for comp, org in policy_comparisons(s):
-        for key, label in (("false_approval_rate_diff", "cover-up"), ("idle_agents_per_hire_diff", "free-riding")):
-            k = f"compare/{comp}/{org}/{key}"
-            if s.has(EVAL, k):
-                t = side(s.get(EVAL, k + "_ci_low"), s.get(EVAL, k + "_ci_high"), 0.0)
+        for name, _, label in Q5_RATES:
+            k = f"compare/{comp}/{org}/{name}_diff"
+            if s.has(RATES, k + "/diff"):
+                t = side(s.get(RATES, k + "/ci_low"), s.get(RATES, k + "/ci_high"), 0.0)
                 signs.append(t if _enough(s, f"compare/{comp}/{org}/tasks") else 0)
-                evidence.append(f"{label} change {s.ci(EVAL, k, '+.2f')}")
-                body.append(f"- `{comp}` {org}, {label}: change {s.ci(EVAL, k, '+.2f')}: "
-                            + {1: "**rose** with training", -1: "fell with training", 0: "no change shown"}[signs[-1]] + ".")
-    for variant in ("collective", "individual"):
-        for seed, f in sorted(_ablation(s, variant).items()):
-            kf = _variant_key(s.files[f], variant, "behaviour/false_approval_rate")
-            kc = _variant_key(s.files[f], variant, "behaviour/approvals_checked_total")
-            checked = f" of {s.ref(f, kc, 'd')} checked approvals" if kc else ""
-            rate = s.ci(f, kf) if kf else "n/a"
-            body.append(f"- ablation `{variant}` seed `{seed}`: false-approval rate {rate}{checked}.")
+                evidence.append(f"{label} change {_diff_text(s, k)}")
+                body.append(f"- `{comp}` {org}, {label}: change {_diff_text(s, k)}: {verdict[signs[-1]]} with training.")
+    pooled = [v for v in ("collective", "individual") if any(s.has(RATES, f"ablations/{v}/{n}/of") for n, *_ in Q5_RATES)]
+    if pooled:
+        body += ["", "Equally trained (the ablations, causal): RL with the collective reward against the individual "
+                 "reward, the same iterations and tasks; each variant's counts pooled over its seeds.", "",
+                 "| variant | seeds | " + " | ".join(d for _, d, _ in Q5_RATES) + " |", "|---|---|---|---|"]
+        for v in pooled:
+            seeds = next(f"ablations/{v}/{n}/seeds" for n, *_ in Q5_RATES if s.has(RATES, f"ablations/{v}/{n}/seeds"))
+            body.append(f"| `{v}` | {s.ref(RATES, seeds, 'd')} | " + " | ".join(
+                _rate_cell(s, f"ablations/{v}/{n}") if s.has(RATES, f"ablations/{v}/{n}/of") else "n/a"
+                for n, *_ in Q5_RATES) + " |")
+        body.append("")
+        for name, _, label in Q5_RATES:
+            k = f"ablations/collective_vs_individual/{name}_diff"
+            if s.has(RATES, k + "/diff"):
+                signs.append(side(s.get(RATES, k + "/ci_low"), s.get(RATES, k + "/ci_high"), 0.0))
+                evidence.append(f"collective minus individual reward, {label} {_diff_text(s, k)}")
+                body.append(f"- collective minus individual reward, {label}: {_diff_text(s, k)}: "
+                            + {1: "**higher** with the collective reward", -1: "lower with the collective reward",
+                               0: "no difference shown"}[signs[-1]] + ".")
     if not signs:
         return Finding("cannot say", "no trained policy to compare with the baseline",
                        body + ["", "**cannot say**: without a trained policy nothing shows what collective reward taught; "
                                "the rates above are the baseline's."])
     answer = "yes" if any(x > 0 for x in signs) else "no" if all(x < 0 for x in signs) else "cannot say"
-    why = {"yes": "a rate rose with RL and its interval excludes zero", "no": "both rates fell, intervals below zero",
+    why = {"yes": "a rate rose with the collective reward and its interval excludes zero",
+           "no": "every rate fell, intervals below zero",
            "cannot say": "no rise shown, but the intervals do not rule one out"}[answer]
     return Finding(answer, "; ".join(evidence), body + ["", f"**{answer}**: {why}."])
 
@@ -681,7 +824,9 @@ def template(s: Sources, plots: dict[str, bool], charts: list[str]) -> str:
     lines = [f"# {s.ref(PARAMS, 'report.title', 's')}", "",
              "Reinforcement learning from collective rewards (not calibration rewards). Every figure below is filled "
              "from a metrics file; `report_sources.json` names the file and key of each. Brackets are "
-             f"{level}; a claim is made only when the interval excludes the null value and enough tasks back it.", ""]
+             f"{level} (across ablation seeds: t-intervals over the per-seed figures; a rate of counted events: a "
+             "score interval from its counts); a claim is made only when the interval excludes the null value and "
+             "enough tasks back it.", ""]
     if s.missing:
         lines += ["**Missing inputs**: " + ", ".join(f"`{m}`" for m in s.missing) + ".", ""]
     lines += ["## Summary", "", "| question | answer | key evidence |", "|---|---|---|"]
@@ -752,6 +897,8 @@ def build_report(root: Path, report_params: dict[str, Any], out_dir: Path) -> li
     s = Sources.load(root, report_params)
     s.files[SEEDS] = ablation_summary(s)
     io.write_json(s.files[SEEDS], out_dir / "ablation_summary.json")
+    s.files[RATES] = rate_intervals(s)
+    io.write_json(s.files[RATES], out_dir / "rate_intervals.json")
     curves = _curves(root)
     charts = _sample_charts(root, s, report_params["sample_org_charts"])
     drawn = {"learning_curves": plots.learning_curves(curves, out_dir / "learning_curves.png"),
@@ -762,7 +909,8 @@ def build_report(root: Path, report_params: dict[str, Any], out_dir: Path) -> li
     text, spans = fill(template(s, drawn, [c[0] for c in charts]), s)
     io.write_json(spans, out_dir / "report_sources.json")
     io.write_text(text, out_dir / "report.md")
-    return [out_dir / "report.md", out_dir / "report_sources.json", out_dir / "ablation_summary.json"] + [out_dir / f"{k}.png" for k, v in drawn.items() if v]
+    return [out_dir / "report.md", out_dir / "report_sources.json", out_dir / "ablation_summary.json",
+            out_dir / "rate_intervals.json"] + [out_dir / f"{k}.png" for k, v in drawn.items() if v]
 
 
 __all__ = ["NOT_FIGURES", "PLACEHOLDER", "QUESTIONS", "Finding", "Sources", "build_report", "fill", "format_value",

@@ -91,6 +91,8 @@ def test_summary_sections_plots_and_verdicts(project):
     # the error-free trained company beats the erring bootstrap company on the same tasks
     m = json.loads((project / "metrics/eval.json").read_text())
     assert m["compare/trained_vs_bootstrap/company/success_diff_ci_low"] > 0 and answers["Q4"] == "yes"
+    q4 = text.split("## Q4.")[1].split("\n## ")[0]  # and says what organisation each company was
+    assert f"`trained__company` hires {m['trained__company/org/hires']:.2f} agents per episode" in q4
     # scripted companies take longer (modelled time) than the one-line single agent: not faster
     assert m["compare/company_vs_single/trained/critical_path_ratio_ci_low"] > 1 and answers["Q1"] == "no"
     # ablation: collective's interval [36, 44] lies above no_verifiers' [16, 24] in both seeds
@@ -266,3 +268,86 @@ def test_organisation_table_gives_each_role_its_counts_and_n_a_without_any():
     assert header.count("|") == row.count("|") and untraced_figures(text, spans) == []
     assert row == ("| `bootstrap__company` | 1.25 (160) | 0.45 / 0.00 | 0.39 | 0.80 (221 of 277) | 0.08 (4 of 48) | "
                    "0.94 (101 of 108) | n/a |")  # no verifier turn: n/a, not 0.00
+
+
+def _q2_files(per_seed: dict[int, tuple[float, float, float, float]]) -> Sources:
+    """Ablation files of `collective` and `no_hiring` with short and long tasks: {seed: (company short path,
+    single short tokens, company long path, single long tokens)}."""
+    from rlcr.report import SEEDS, ablation_summary
+
+    files = {}
+    for seed, (cs, ss, cl, sl) in per_seed.items():
+        for variant, short, long in (("collective", cs, cl), ("no_hiring", ss, sl)):
+            files[f"metrics/ablations/{variant}__s{seed}.json"] = {
+                "variant": variant, "seed": seed, f"{variant}/success": 0.7, f"{variant}/short/success": 0.8,
+                f"{variant}/long/success": 0.6, f"{variant}/short/critical_path_tokens": short,
+                f"{variant}/long/critical_path_tokens": long}
+    s = Sources({**files, "params.yaml": {f"report.{k}": v for k, v in REPORT.items()}})
+    s.files[SEEDS] = ablation_summary(s)
+    return s
+
+
+def test_q2_is_answered_by_the_equally_trained_agents_short_tasks_across_seeds():
+    from rlcr.report import SEEDS, q2_ablation
+
+    # slower on short tasks on every seed: the overhead eats the gain, whatever the long tasks do
+    s = _q2_files({0: (12.0, 10.0, 20.0, 40.0), 1: (13.0, 10.0, 21.0, 40.0), 2: (12.5, 10.0, 19.0, 40.0)})
+    assert s.files[SEEDS]["collective_vs_no_hiring/short/critical_path_ratio/mean"] == pytest.approx(1.25)
+    assert s.files[SEEDS]["collective_vs_no_hiring/long/critical_path_ratio/mean"] == pytest.approx(0.5)
+    answer, evidence, body = q2_ablation(s)
+    assert answer == "yes" and "3 seeds" in fill(evidence, s)[0]
+    text, spans = fill("\n".join(body), s)
+    assert sum(r.startswith("| `") for r in body) == 3 and untraced_figures(text, spans) == []
+    # faster on every seed: no; seeds that disagree: cannot say; one seed: the rollouts answer
+    assert q2_ablation(_q2_files({k: (8.0 + k / 10, 10.0, 20.0, 40.0) for k in range(3)}))[0] == "no"
+    assert q2_ablation(_q2_files({0: (8.0, 10.0, 1, 1), 1: (12.0, 10.0, 1, 1), 2: (10.0, 10.0, 1, 1)}))[0] == "cannot say"
+    assert q2_ablation(_q2_files({0: (8.0, 10.0, 20.0, 40.0)})) is None
+
+
+def _q5_sources(eval_counts: dict[str, tuple[float, float, float, float]],
+                ablation_counts: dict[str, list[tuple[float, float, float, float]]]) -> Sources:
+    """eval.json runs and ablation files with Q5's counts: (false approvals, checked approvals, idle hires, hires)."""
+    from rlcr.report import EVAL, RATES, rate_intervals
+
+    keys = ("behaviour/false_approvals_total", "behaviour/approvals_checked_total", "behaviour/idle_agents_total",
+            "org/hires_total")
+    ev = {"compare/trained_vs_bootstrap/company/success_diff": 0.1, "compare/trained_vs_bootstrap/company/tasks": 128}
+    for run, counts in eval_counts.items():
+        ev |= {f"{run}/success": 0.5} | {f"{run}/{k}": c for k, c in zip(keys, counts, strict=True)}
+    files = {EVAL: ev, "params.yaml": {f"report.{k}": v for k, v in REPORT.items()}}
+    for variant, seeds in ablation_counts.items():
+        for seed, counts in enumerate(seeds):
+            files[f"metrics/ablations/{variant}__s{seed}.json"] = {"variant": variant, "seed": seed} | {
+                f"{variant}/{k}": c for k, c in zip(keys, counts, strict=True)}
+    s = Sources(files)
+    s.files[RATES] = rate_intervals(s)
+    return s
+
+
+def test_q5_reads_rates_from_their_counts_and_compares_the_rewards_pooled_over_seeds():
+    from rlcr.report import RATES, q5
+
+    # the committed run's counts: no events after RL is not proof of a zero rate
+    s = _q5_sources({"bootstrap__company": (3, 54, 14, 177), "trained__company": (0, 6, 0, 18),
+                     "trained__single": (0, 0, 0, 0)},
+                    {"collective": [(0, 4, 1, 31), (0, 7, 0, 26), (2, 18, 0, 38)],
+                     "individual": [(1, 16, 3, 46), (0, 6, 0, 28), (1, 14, 4, 46)]})
+    r = s.files[RATES]
+    assert r["trained__company/false_approval_rate/ci_low"] == 0.0
+    assert r["trained__company/false_approval_rate/ci_high"] == pytest.approx(0.390, abs=1e-3)
+    assert r["ablations/collective/false_approval_rate/events"] == 2 and r["ablations/collective/false_approval_rate/of"] == 29
+    assert r["ablations/individual/idle_agents_per_hire/of"] == 120 and r["ablations/collective/idle_agents_per_hire/seeds"] == 3
+    assert r["compare/trained_vs_bootstrap/company/idle_agents_per_hire_diff/ci_high"] > 0
+    f = q5(s)
+    text, spans = fill("\n".join(f.body), s)
+    assert f.answer == "cannot say" and untraced_figures(text, spans) == []
+    assert "0.00 [0.00, 0.39] (0 of 6)" in text and "`trained__single`" not in text
+    assert "| `collective` | 3 | 0.07 [0.02, 0.22] (2 of 29)" in text
+    # the collective reward's verifiers approve far more wrong claims than the individual reward's: yes
+    s = _q5_sources({"bootstrap__company": (3, 54, 14, 177), "trained__company": (2, 60, 10, 170)},
+                    {"collective": [(20, 40, 1, 30)] * 3, "individual": [(2, 40, 1, 30)] * 3})
+    assert q5(s).answer == "yes" and "**higher** with the collective reward" in fill("\n".join(q5(s).body), s)[0]
+    # both rates fell everywhere, with many events: no
+    s = _q5_sources({"bootstrap__company": (30, 60, 60, 150), "trained__company": (2, 60, 5, 150)},
+                    {"collective": [(1, 40, 1, 50)] * 3, "individual": [(15, 40, 20, 50)] * 3})
+    assert q5(s).answer == "no"
