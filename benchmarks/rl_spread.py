@@ -13,7 +13,8 @@ is read against both spreads:
 
 Prints, per policy, the company success under each eval seed, its mean and malformed-turn rate, and
 per training seed the gain over the start (mean over eval seeds); then the mean gain and its range over
-training seeds. Runs `train` from scratch in --out (an existing run there is resumed, as the stage
+training seeds. With --single each policy is also scored as a single agent (`org.single_agent`, the same
+tasks, budget and eval seeds): what RL did to the shared policy's other mode (`train.single_share`). Runs `train` from scratch in --out (an existing run there is resumed, as the stage
 would). Asserts only that no held-out prompt is a train prompt.
 """
 
@@ -24,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -62,6 +64,7 @@ def main() -> int:
     ap.add_argument("--set", dest="sets", nargs="*", default=[], help="params overrides, key=value")
     ap.add_argument("--out", default=str(ROOT / ".state/rl_spread"))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--single", action="store_true", help="also score every policy as a single agent")
     args = ap.parse_args()
 
     import pandas as pd
@@ -82,23 +85,32 @@ def main() -> int:
     print(f"start {args.policy}; {len(held)} held-out tasks; {params.train.iterations} iterations x "
           f"{params.train.tasks_per_iteration} tasks x {params.train.group_size} episodes; overrides {args.sets or 'none'}")
 
-    rows = [("start", *scores(Path(args.policy), held, params, args.eval_seeds))]
+    alone = replace(params, org=replace(params.org, single_agent=True))
+
+    def scored(name: str, folder: Path) -> tuple:
+        single = scores(folder, held, alone, args.eval_seeds) if args.single else None
+        return (name, *scores(folder, held, params, args.eval_seeds), single)
+
+    rows = [scored("start", Path(args.policy))]
     for seed in args.train_seeds:
         t0 = time.perf_counter()
         run = load_params(args.params, {"tracking.enabled": False, **parse_sets(args.sets), "train.seed": seed})
         folder = out / f"train_seed{seed}"
         train(run, args.policy, tasks, folder, NullTracker(), ckpt_dir=out / f"ckpt_seed{seed}",
               log=lambda *_: None, register=False)
-        rows.append((f"train seed {seed} ({time.perf_counter() - t0:.0f} s)", *scores(folder, held, params, args.eval_seeds)))
+        rows.append(scored(f"train seed {seed} ({time.perf_counter() - t0:.0f} s)", folder))
 
     start = statistics.fmean(rows[0][1])
-    print(f"\n| policy | success, eval seeds {' / '.join(map(str, args.eval_seeds))} | mean | gain | malformed turns |")
-    print("|---|---|---|---|---|")
-    for name, succ, mal in rows:
+    extra = (" single agent: success mean (malformed turns) |", "---|") if args.single else ("", "")
+    print(f"\n| policy | success, eval seeds {' / '.join(map(str, args.eval_seeds))} | mean | gain | malformed turns |"
+          + extra[0])
+    print("|---|---|---|---|---|" + extra[1])
+    for name, succ, mal, single in rows:
         mean = statistics.fmean(succ)
         gain = "" if name == "start" else f"{mean - start:+.3f}"
-        print(f"| {name} | {' / '.join(f'{s:.3f}' for s in succ)} | {mean:.3f} | {gain} | {mal:.3f} |")
-    gains = [statistics.fmean(succ) - start for _, succ, _ in rows[1:]]
+        cell = f" {statistics.fmean(single[0]):.3f} ({single[1]:.3f}) |" if single else ""
+        print(f"| {name} | {' / '.join(f'{s:.3f}' for s in succ)} | {mean:.3f} | {gain} | {mal:.3f} |" + cell)
+    gains = [statistics.fmean(succ) - start for _, succ, _, _ in rows[1:]]
     if gains:
         print(f"\ngain over the start, mean over {len(gains)} training seeds: {statistics.fmean(gains):+.3f} "
               f"(lowest {min(gains):+.3f}, highest {max(gains):+.3f})")

@@ -151,6 +151,10 @@ class TrainConfig:
     """Padded tokens (rows x longest) per forward/backward; gradients of a minibatch are accumulated."""
     counterfactual_hires: int = 0
     """Hires per iteration credited by re-running their episode without them (rlcr/train/credit.py); 0 = off."""
+    single_share: float = 0.0
+    """Share of each iteration's task groups played by a single agent (`org.single_agent`, the same token
+    budget) instead of the company, rewarded and updated alike, so the shared policy's single-agent mode
+    is trained too; 0 = the company only."""
     eval_tasks: int = 64
     """Held-out built-in tasks the train stage scores before and after RL (company, sampled)."""
     finetune: Literal["full", "lora"] = "full"
@@ -201,6 +205,8 @@ class TrainConfig:
         for key in ("counterfactual_hires", "eval_tasks"):
             if getattr(self, key) < 0:
                 _fail(f"train.{key}", f"must be >= 0, got {getattr(self, key)}")
+        if not 0.0 <= self.single_share <= 1.0:
+            _fail("train.single_share", f"must be in [0, 1] (a share of each iteration's task groups), got {self.single_share}")
         if self.zero_stage not in (0, 1, 2, 3):
             _fail("train.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.backend == "torch" and self.zero_stage != 0:

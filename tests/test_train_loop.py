@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from rlcr.config import BootstrapConfig  # noqa: E402
+from rlcr.config import BootstrapConfig, ConfigError  # noqa: E402
 from rlcr.org.episode import Generation, run_episodes  # noqa: E402
 from rlcr.org.records import EpisodeRecord, EpisodeRow, TurnRow  # noqa: E402
 from rlcr.org.scripted import ScriptedOrg  # noqa: E402
@@ -233,6 +233,46 @@ def test_loop_logs_namespaced_metrics_and_engine_matches_trainer(start_policy, t
     assert res.history[0]["losses/clip_frac"] == 0.0  # one on-policy step: the ratio is 1
     assert [p.name for p in list_checkpoints(tmp_path / "ckpt")] == ["ckpt-1.pt", "ckpt-2.pt"]
     assert (tmp_path / "policy/config.json").is_file()
+
+
+def test_single_share_spreads_single_agent_groups_over_iterations():
+    from rlcr.train.loop import single_count
+
+    for share, groups in ((0.0, 8), (0.1, 8), (0.25, 8), (1 / 3, 5), (1.0, 8)):
+        counts = [single_count(i, groups, share) for i in range(30)]
+        assert all(0 <= c <= groups for c in counts)
+        for n in range(1, 31):  # after any number of iterations, the share of all groups played so far
+            assert sum(counts[:n]) == round(share * groups * n)
+    with pytest.raises(ConfigError, match="train.single_share"):
+        tiny_params(single_share=1.5)
+
+
+def test_single_share_trains_the_single_agent_mode_on_its_own_groups(start_policy, tmp_path, monkeypatch):
+    from rlcr.train import loop
+
+    played = []
+
+    def spy(tasks, policy, org, *args, **kw):  # the real scheduler, each call's mode recorded
+        records = run_episodes(tasks, policy, org, *args, **kw)
+        played.append((org.single_agent, len(tasks), {r.episode.mode for r in records},
+                       {kw["episode_ids"][0].split(":")[1], kw["episode_ids"][-1].split(":")[1]}))
+        return records
+
+    monkeypatch.setattr(loop, "run_episodes", spy)
+    params = tiny_params(reward={"token_cost": 0.1}, iterations=2, single_share=0.25)
+    res = train(params, start_policy, sum_tasks(0, 50), tmp_path / "policy", NullTracker(),
+                ckpt_dir=tmp_path / "ckpt", log=lambda *_: None)
+    # 8 groups of 8 a iteration: 6 as a company, then the last 2 (g6, g7) alone, with the same budget
+    assert [p[:3] for p in played] == [(False, 48, {"company"}), (True, 16, {"single"})] * 2
+    assert played[1][3] == {"g6", "g7"}
+    for h in res.history:
+        assert h["rollout/episodes"] == 64 and h["rollout/single_episodes"] == 16
+        assert 0.0 <= h["rollout/single_success"] <= 1.0 and h["train/turns"] > 0
+    # off by default: the company alone, no single-agent keys, the same resume key as before the option
+    assert "rollout/single_episodes" not in train(
+        tiny_params(iterations=1), start_policy, sum_tasks(0, 50), tmp_path / "p2", NullTracker(),
+        ckpt_dir=tmp_path / "c2", log=lambda *_: None).history[0]
+    assert "single_share" not in loop.resume_key(tiny_params())["train"]
 
 
 def test_bf16_on_the_torch_backend_runs_bf16_matmuls_on_fp32_weights(start_policy, tmp_path):

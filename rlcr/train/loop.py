@@ -86,7 +86,7 @@ from rlcr.train.loss import Refusals, policy_loss
 RESUMABLE_CHANGES = ("iterations", "checkpoint_every", "keep_last", "eval_tasks")
 """train.* keys that may change between a checkpoint and its resume; any other change is refused."""
 
-KEYED_WHEN_ON = ("bf16", "gradient_checkpointing")
+KEYED_WHEN_ON = ("bf16", "gradient_checkpointing", "single_share")
 """train.* switches that enter the resume key only when on, so runs from before they existed keep their key."""
 
 
@@ -96,6 +96,13 @@ KEYED_WHEN_ON = ("bf16", "gradient_checkpointing")
 def derived_seed(*parts: Any) -> int:
     """A 31-bit seed from its parts, so iterations (and their uses) never share a sampling stream."""
     return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:4], "big") >> 1
+
+
+def single_count(iteration: int, groups: int, share: float) -> int:
+    """How many of an iteration's `groups` task groups a single agent plays (`train.single_share`): the
+    share spread over iterations, so that after any number of them round(share x groups played) were single
+    (0.1 of 8 groups: one group in four iterations of every five)."""
+    return round(share * groups * (iteration + 1)) - round(share * groups * iteration)
 
 
 @dataclass
@@ -432,8 +439,15 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
         episode_ids = [f"it{it}:g{g}:{picked[g].id}#{k}" for g in range(len(picked)) for k in range(G)]
         sampling = Sampling.from_config(params.engine, seed=derived_seed("rollout", cfg.seed, it, *shard))
         policy = EnginePolicy(engine, tok, sampling)
-        records = run_episodes(episode_tasks, policy, params.org, params.reward, len_fn=len_fn,
-                               episode_ids=episode_ids)
+        # train.single_share: the last groups are played by a single agent (same budget), after the company's
+        n_company = len(episode_tasks) - G * single_count(it, len(picked), cfg.single_share)
+        records = run_episodes(episode_tasks[:n_company], policy, params.org, params.reward, len_fn=len_fn,
+                               episode_ids=episode_ids[:n_company])
+        if n_company < len(episode_tasks):
+            alone = EnginePolicy(engine, tok, Sampling.from_config(
+                params.engine, seed=derived_seed("rollout-single", cfg.seed, it, *shard)))
+            records += run_episodes(episode_tasks[n_company:], alone, dataclasses.replace(params.org, single_agent=True),
+                                    params.reward, len_fn=len_fn, episode_ids=episode_ids[n_company:])
         t_rollout = time.perf_counter()
 
         # reward: per agent, assigned from the verifier by rlcr.rewards (collective / individual / mixed)
@@ -510,12 +524,13 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
 
         # log (rank 0's share of the iteration when there are several ranks)
         eps = [r.episode for r in records]
+        company = eps[:n_company] or eps  # success and behaviour: the company's episodes (all single: theirs)
         gen_tokens = sum(e.total_tokens for e in eps)
         mm = torch.cat(mismatch) if mismatch else torch.zeros(0)
         metrics = {
             "reward/mean": sum(e.reward for e in eps) / len(eps),
-            "rollout/success": sum(e.outcome >= 1.0 for e in eps) / len(eps),
-            "rollout/outcome": sum(e.outcome for e in eps) / len(eps),
+            "rollout/success": sum(e.outcome >= 1.0 for e in company) / len(company),
+            "rollout/outcome": sum(e.outcome for e in company) / len(company),
             "rollout/episodes": float(len(eps)),
             "rollout/tokens": float(gen_tokens),
             "adv/mean": float(adv.mean()) if len(adv) else 0.0,
@@ -536,9 +551,14 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
             "perf/tokens_per_s": loss_tokens / max(1e-9, t_end - t_rollout),  # completion tokens trained
             "perf/trainer_tokens_per_s": seen_tokens / max(1e-9, t_end - t_rollout),  # + distinct prompt tokens
             **{k: v for k, v in loss_stats.items() if k != "train/refused"},
-            **behaviour_metrics(records, len_fn),
+            **behaviour_metrics(records[:n_company] or records, len_fn),
             **credit_stats,
         }
+        if cfg.single_share > 0:
+            alone_eps = eps[n_company:]
+            metrics["rollout/single_episodes"] = float(len(alone_eps))
+            if alone_eps:
+                metrics["rollout/single_success"] = sum(e.outcome >= 1.0 for e in alone_eps) / len(alone_eps)
         metrics["perf/iteration_seconds"] = time.perf_counter() - t_start
         history.append(metrics)
         if lead:
@@ -579,5 +599,5 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
 
 __all__ = ["AgentSamples", "TrainResult", "TurnSample", "agent_samples", "collate_turns", "completion_logprobs",
            "derived_seed",
-           "evaluate", "evaluate_folder", "held_out", "micro_batches", "resume_key", "run_key", "train",
-           "turn_samples"]
+           "evaluate", "evaluate_folder", "held_out", "micro_batches", "resume_key", "run_key", "single_count",
+           "train", "turn_samples"]
