@@ -63,8 +63,8 @@ $(VLLM_VENV)/.installed: constraints-vllm.txt
 
 # dvc repro in REPRO_JOBS lanes (rlcr/repro.py): bootstrap, then the ablation stages dealt out over
 # the lanes (train and the rollouts in the first), then the rest; every stage still run by DVC.
-# REPRO_JOBS=1: a plain `dvc repro` (the tiny policy computes the same bits at 1 and 2 threads: tests/test_repro.py;
-# a lanes run and a serial run on one machine have not been compared end to end yet)
+# REPRO_JOBS=1: a plain `dvc repro`; each stage runs at its own torch thread count whatever the lanes
+# (rlcr/env.py STAGE_THREADS: bootstrap 2, the rest 1), so both compute the same bits
 REPRO_JOBS ?= 2
 repro: setup
 	$(PY) -m rlcr.repro --jobs $(REPRO_JOBS)

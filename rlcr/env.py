@@ -60,6 +60,22 @@ def cpu_kernels(machine: str | None = None, cpu_flags: str | None = None) -> dic
     return {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 
 
-def setup(root: Path) -> None:
-    for key, value in {**project_env(root), **cpu_kernels()}.items():
+STAGE_THREADS = {"bootstrap": 2}
+"""torch threads of a stage process (the name before any `@`), 1 for every other stage. CPU matrix
+products do not give the same bits at every thread count: rarely, a row at the boundary of two threads'
+shares rounds differently (measured: one element of a 5109 x 128 MLP output in the `hierarchy` profile's
+SFT, 7e-9, at 1 and at 2 threads), and the SFT's trajectory carries it on (that profile's bootstrap
+company, 2-term sums: 0.94 greedy at 1 thread, 0.34 at 2). So the count is part of a run's definition,
+fixed here rather than taken from the machine: the bootstrap runs alone at 2 (`make repro`'s first
+phase), every other stage at 1 (its lanes). OMP_NUM_THREADS set by you wins, and may give other bits."""
+
+
+def stage_threads(stage: str) -> int:
+    return STAGE_THREADS.get(stage.split("@", 1)[0], 1)
+
+
+def setup(root: Path, stage: str | None = None) -> None:
+    """The variables above, and with `stage` its torch thread count (`stage_threads`), each unless set."""
+    pinned = {"OMP_NUM_THREADS": str(stage_threads(stage))} if stage else {}
+    for key, value in {**project_env(root), **cpu_kernels(), **pinned}.items():
         os.environ.setdefault(key, value)

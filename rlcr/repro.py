@@ -12,10 +12,10 @@ cores sits idle. This runs the pipeline in three steps, each a plain `dvc repro`
 
 Every stage is still run, hashed and locked by DVC (DVC releases its repo lock while a stage's
 command runs; `--wait-for-lock` waits for it instead of failing), so `dvc.lock` is that of a plain
-`dvc repro`. The lanes share the cores out (OMP_NUM_THREADS = cores // jobs unless it is set): torch's
-CPU kernels give the same bits at any thread count for this project's models (the tiny Llama's
-forward and backward at 1, 2 and 4 threads: identical loss, logits and gradients), so each stage
-computes what it computes alone. `--jobs 1` is a plain `dvc repro`. If a lane fails, the other
+`dvc repro`. Each stage runs at its own fixed torch thread count whatever the lanes (`rlcr.env.STAGE_THREADS`:
+the bootstrap at 2, alone in the first phase, every other stage at 1), because CPU matrix products
+round differently at another thread count (rarely, and a training run carries it on): so `--jobs 1`,
+2 lanes on 2 cores and 4 lanes on 4 compute the same bits. `--jobs 1` is a plain `dvc repro`. If a lane fails, the other
 lanes are stopped with SIGTERM (their stages end KILLED and leave no outs) and the exit status is
 the failed lane's.
 """
@@ -77,20 +77,11 @@ def _pump(proc: subprocess.Popen, prefix: str) -> None:
         sys.stdout.flush()
 
 
-def lane_env(jobs: int, environ: dict[str, str] | None = None, cpus: int | None = None) -> dict[str, str]:
-    """The lanes' environment: the cores shared out, OMP_NUM_THREADS = cpus // jobs (at least 1),
-    unless OMP_NUM_THREADS is set already."""
-    env = dict(os.environ if environ is None else environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (cpus or os.cpu_count() or 1) // jobs)))
-    return env
-
-
 def run_lanes(root: Path, lanes: Sequence[Sequence[str]], dvc: str = "dvc") -> int:
     """One `dvc --wait-for-lock repro --single-item` per lane, at once (single items: a lane must not
     check its upstream stages, whose outs another lane holds read-locked); 0 when every lane succeeds,
     else the first failure's exit status (the other lanes are terminated)."""
-    env = lane_env(len(lanes))
-    procs = [subprocess.Popen([dvc, "--wait-for-lock", "repro", "--single-item", *lane], cwd=root, env=env,
+    procs = [subprocess.Popen([dvc, "--wait-for-lock", "repro", "--single-item", *lane], cwd=root,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
              for lane in lanes]
     pumps = [threading.Thread(target=_pump, args=(p, f"[lane {i}] "), daemon=True) for i, p in enumerate(procs)]

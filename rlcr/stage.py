@@ -21,7 +21,7 @@ from rlcr import env
 def run_stage(stage: str, body: Callable[[Any, Any, Path], None], root: Path | None = None,
               overrides: dict[str, Any] | None = None) -> int:
     root = Path(root or Path.cwd()).resolve()
-    env.setup(root)
+    env.setup(root, stage)  # before torch loads: its thread count is the stage's (env.STAGE_THREADS)
     from rlcr.config import ConfigError, load_params
     from rlcr.tracking import exit_code, stage_run
 
