@@ -602,6 +602,15 @@ def _diff_text(s: Sources, key: str) -> str:
             f"{s.ref(RATES, key + '/ci_high', '+.2f')}]")
 
 
+def _few_chances(s: Sources, rates: list[str]) -> str:
+    """Why a comparison of these derived rates makes no claim (a side with fewer chances than
+    `report.min_tasks_for_claim`: one false approval of one checked approval is no evidence), or ""."""
+    least = s.files[PARAMS]["report.min_tasks_for_claim"]
+    if all((s.get(RATES, f"{r}/of") or 0.0) >= least for r in rates):
+        return ""
+    return f"fewer than {s.ref(PARAMS, 'report.min_tasks_for_claim', 'd')} chances on a side: no claim"
+
+
 def q5(s: Sources) -> Finding:
     runs = [r for r in eval_runs(s) if not r.endswith("__single")  # a single agent hires and approves nobody
             and any(s.has(RATES, f"{r}/{name}/of") for name, _, _ in Q5_RATES)]
@@ -609,7 +618,8 @@ def q5(s: Sources) -> Finding:
         return Finding("no data", "no company run with turn records", ["No run with turn records was evaluated."])
     body = ["Each rate with its events (numerator of denominator) and a score interval from those counts (Wilson; "
             "a difference of two rates by Newcombe's method), which stays honest where events are few or none, "
-            "unlike resampling tasks; n/a where nothing was there to count.", "",
+            "unlike resampling tasks; n/a where nothing was there to count. A comparison with fewer than "
+            f"{s.ref(PARAMS, 'report.min_tasks_for_claim', 'd')} chances on a side makes no claim.", "",
             "| run | " + " | ".join(d for _, d, _ in Q5_RATES) + " |", "|---|---|---|"]
     for r in runs:
         body.append(f"| `{r}` | " + " | ".join(_rate_cell(s, f"{r}/{name}") if s.has(RATES, f"{r}/{name}/of") else "n/a"
@@ -622,9 +632,11 @@ def q5(s: Sources) -> Finding:
             k = f"compare/{comp}/{org}/{name}_diff"
             if s.has(RATES, k + "/diff"):
                 t = side(s.get(RATES, k + "/ci_low"), s.get(RATES, k + "/ci_high"), 0.0)
-                signs.append(t if _enough(s, f"compare/{comp}/{org}/tasks") else 0)
+                few = _few_chances(s, [f"{p}__{org}/{name}" for p in comp.split("_vs_")])
+                signs.append(t if _enough(s, f"compare/{comp}/{org}/tasks") and not few else 0)
                 evidence.append(f"{label} change {_diff_text(s, k)}")
-                body.append(f"- `{comp}` {org}, {label}: change {_diff_text(s, k)}: {verdict[signs[-1]]} with training.")
+                body.append(f"- `{comp}` {org}, {label}: change {_diff_text(s, k)}: {verdict[signs[-1]]} with training"
+                            + (f" ({few})" if few else "") + ".")
     pooled = [v for v in ("collective", "individual") if any(s.has(RATES, f"ablations/{v}/{n}/of") for n, *_ in Q5_RATES)]
     if pooled:
         body += ["", "Equally trained (the ablations, causal): RL with the collective reward against the individual "
@@ -639,11 +651,12 @@ def q5(s: Sources) -> Finding:
         for name, _, label in Q5_RATES:
             k = f"ablations/collective_vs_individual/{name}_diff"
             if s.has(RATES, k + "/diff"):
-                signs.append(side(s.get(RATES, k + "/ci_low"), s.get(RATES, k + "/ci_high"), 0.0))
+                few = _few_chances(s, [f"ablations/{v}/{name}" for v in ("collective", "individual")])
+                signs.append(0 if few else side(s.get(RATES, k + "/ci_low"), s.get(RATES, k + "/ci_high"), 0.0))
                 evidence.append(f"collective minus individual reward, {label} {_diff_text(s, k)}")
                 body.append(f"- collective minus individual reward, {label}: {_diff_text(s, k)}: "
                             + {1: "**higher** with the collective reward", -1: "lower with the collective reward",
-                               0: "no difference shown"}[signs[-1]] + ".")
+                               0: "no difference shown"}[signs[-1]] + (f" ({few})" if few else "") + ".")
     if not signs:
         return Finding("cannot say", "no trained policy to compare with the baseline",
                        body + ["", "**cannot say**: without a trained policy nothing shows what collective reward taught; "

@@ -343,6 +343,11 @@ def test_q5_reads_rates_from_their_counts_and_compares_the_rewards_pooled_over_s
     assert f.answer == "cannot say" and untraced_figures(text, spans) == []
     assert "0.00 [0.00, 0.39] (0 of 6)" in text and "`trained__single`" not in text
     assert "| `collective` | 3 | 0.07 [0.02, 0.22] (2 of 29)" in text
+    # one false approval of one checked approval after RL: the interval excludes zero, but it is no evidence
+    s = _q5_sources({"bootstrap__company": (3, 54, 14, 177), "trained__company": (1, 1, 0, 1)},
+                    {"collective": [(0, 4, 1, 31)] * 3, "individual": [(1, 16, 3, 46)] * 3})
+    assert s.files[RATES]["compare/trained_vs_bootstrap/company/false_approval_rate_diff/ci_low"] > 0
+    assert q5(s).answer == "cannot say" and "chances on a side: no claim" in fill("\n".join(q5(s).body), s)[0]
     # the collective reward's verifiers approve far more wrong claims than the individual reward's: yes
     s = _q5_sources({"bootstrap__company": (3, 54, 14, 177), "trained__company": (2, 60, 10, 170)},
                     {"collective": [(20, 40, 1, 30)] * 3, "individual": [(2, 40, 1, 30)] * 3})
