@@ -625,7 +625,7 @@ def q5(s: Sources) -> Finding:
         body.append(f"| `{r}` | " + " | ".join(_rate_cell(s, f"{r}/{name}") if s.has(RATES, f"{r}/{name}/of") else "n/a"
                                                for name, _, _ in Q5_RATES) + " |")
     body += ["", *cheating_lines(s), ""]
-    signs, evidence = [], []
+    signs, evidence, nothing = [], [], []  # nothing: the comparison had too few chances to say anything
     verdict = {1: "**rose**", -1: "fell", 0: "no change shown"}
     for comp, org in policy_comparisons(s):
         for name, _, label in Q5_RATES:
@@ -634,7 +634,8 @@ def q5(s: Sources) -> Finding:
                 t = side(s.get(RATES, k + "/ci_low"), s.get(RATES, k + "/ci_high"), 0.0)
                 few = _few_chances(s, [f"{p}__{org}/{name}" for p in comp.split("_vs_")])
                 signs.append(t if _enough(s, f"compare/{comp}/{org}/tasks") and not few else 0)
-                evidence.append(f"{label} change {_diff_text(s, k)}")
+                nothing.append(bool(few))
+                evidence.append(f"{label} change {_diff_text(s, k)}" + (" (too few chances)" if few else ""))
                 body.append(f"- `{comp}` {org}, {label}: change {_diff_text(s, k)}: {verdict[signs[-1]]} with training"
                             + (f" ({few})" if few else "") + ".")
     pooled = [v for v in ("collective", "individual") if any(s.has(RATES, f"ablations/{v}/{n}/of") for n, *_ in Q5_RATES)]
@@ -653,7 +654,9 @@ def q5(s: Sources) -> Finding:
             if s.has(RATES, k + "/diff"):
                 few = _few_chances(s, [f"ablations/{v}/{name}" for v in ("collective", "individual")])
                 signs.append(0 if few else side(s.get(RATES, k + "/ci_low"), s.get(RATES, k + "/ci_high"), 0.0))
-                evidence.append(f"collective minus individual reward, {label} {_diff_text(s, k)}")
+                nothing.append(bool(few))
+                evidence.append(f"collective minus individual reward, {label} {_diff_text(s, k)}"
+                                + (" (too few chances)" if few else ""))
                 body.append(f"- collective minus individual reward, {label}: {_diff_text(s, k)}: "
                             + {1: "**higher** with the collective reward", -1: "lower with the collective reward",
                                0: "no difference shown"}[signs[-1]] + (f" ({few})" if few else "") + ".")
@@ -664,7 +667,8 @@ def q5(s: Sources) -> Finding:
     answer = "yes" if any(x > 0 for x in signs) else "no" if all(x < 0 for x in signs) else "cannot say"
     why = {"yes": "a rate rose with the collective reward and its interval excludes zero",
            "no": "every rate fell, intervals below zero",
-           "cannot say": "no rise shown, but the intervals do not rule one out"}[answer]
+           "cannot say": "too few checked approvals and hires in the trained companies to measure either rate"
+           if all(nothing) else "no rise shown, but the intervals do not rule one out"}[answer]
     return Finding(answer, "; ".join(evidence), body + ["", f"**{answer}**: {why}."])
 
 

@@ -348,6 +348,10 @@ def test_q5_reads_rates_from_their_counts_and_compares_the_rewards_pooled_over_s
                     {"collective": [(0, 4, 1, 31)] * 3, "individual": [(1, 16, 3, 46)] * 3})
     assert s.files[RATES]["compare/trained_vs_bootstrap/company/false_approval_rate_diff/ci_low"] > 0
     assert q5(s).answer == "cannot say" and "chances on a side: no claim" in fill("\n".join(q5(s).body), s)[0]
+    assert "+0.94 [+0.15, +0.98] (too few chances)" in fill(q5(s).evidence, s)[0]
+    # and when no comparison had the chances, the answer says so
+    s = _q5_sources({"bootstrap__company": (3, 54, 14, 177), "trained__company": (1, 1, 0, 1)}, {})
+    assert q5(s).answer == "cannot say" and "too few checked approvals and hires" in q5(s).body[-1]
     # the collective reward's verifiers approve far more wrong claims than the individual reward's: yes
     s = _q5_sources({"bootstrap__company": (3, 54, 14, 177), "trained__company": (2, 60, 10, 170)},
                     {"collective": [(20, 40, 1, 30)] * 3, "individual": [(2, 40, 1, 30)] * 3})
