@@ -317,7 +317,9 @@ class VariantRun:
     evaluation: dict[str, float]
     """rlcr.evaluate metrics of the rollout (keys `<variant>/...`) and how they were made (`eval/...`)."""
     seconds: dict[str, float]
-    """Wall seconds of `train` and `rollout`."""
+    """Wall seconds of `train`, `rollout` and `start_rollout`."""
+    start_records: list = dataclasses.field(default_factory=list)
+    """The start policy's rollout on the same tasks (the RL change's baseline)."""
 
 
 def run_variant(params: Params, variant: str, start: Path, train_tasks: Sequence[Task], eval_tasks: Sequence[Task],
@@ -339,9 +341,31 @@ def run_variant(params: Params, variant: str, start: Path, train_tasks: Sequence
     log(f"[ablate] {variant}: rollout of the trained policy as {org_mode} on {len(tasks)} eval tasks")
     records = rollout_policy(tasks, work / "policy", org_mode, params, params.rollout.seed, progress=show_progress())
     t2 = time.perf_counter()
+    log(f"[ablate] {variant}: rollout of its start ({start.name}) as {org_mode} on the same tasks and seed")
+    start_records = rollout_policy(tasks, start, org_mode, params, params.rollout.seed, progress=show_progress())
+    t3 = time.perf_counter()
     ev = evaluate({variant: RunFrames.from_records(records)}, params.evaluate, trained)
-    return VariantRun(result.history, result.resumed_from, records, {**spec_metrics(params.evaluate, 1), **ev.metrics},
-                      {"train": t1 - t0, "rollout": t2 - t1})
+    return VariantRun(result.history, result.resumed_from, records,
+                      {**spec_metrics(params.evaluate, 1), **ev.metrics,
+                       **rl_change(records, start_records, params.evaluate)},
+                      {"train": t1 - t0, "rollout": t2 - t1, "start_rollout": t3 - t2}, start_records)
+
+
+def rl_change(end: Sequence, start: Sequence, spec) -> dict[str, float]:
+    """What the variant's RL did, paired by task: its start policy's success on the same tasks, seed and
+    organisation (`start/success` with its interval) and end minus start (`rl/success_diff` with its
+    interval, `rl/tasks`; rlcr.evaluate.compare_tables), overall and on short and long tasks."""
+    from rlcr.evaluate import RunFrames, compare_tables, group_metrics, length_groups, run_table
+
+    a, b = (run_table(RunFrames.from_records(list(r)))[0] for r in (end, start))
+    out = {f"start/{k}": v for k, v in group_metrics(b, spec).items() if k.startswith(("success", "tasks"))}
+    out.update({f"rl/{k}": v for k, v in compare_tables(a, b, "end", "start", spec).items()
+                if k.startswith(("success_diff", "tasks"))})
+    la, lb = length_groups(a, spec), length_groups(b, spec)
+    for part in sorted(set(la) & set(lb)):
+        out.update({f"rl/{part}/{k}": v for k, v in compare_tables(la[part], lb[part], "end", "start", spec).items()
+                    if k.startswith(("success_diff", "tasks"))})
+    return out
 
 
 def ablation_metrics(variant: str, seed: int, run: VariantRun) -> dict[str, Any]:
@@ -360,6 +384,6 @@ def ablation_metrics(variant: str, seed: int, run: VariantRun) -> dict[str, Any]
 
 
 __all__ = ["INPUTS", "SUMMARY_KEYS", "CurveTracker", "VARIANTS", "Variant", "VariantRun", "ablation_metrics",
-           "find_or_create_parent", "in_sweep", "log_sweep_summary", "log_variant", "run_label", "run_variant",
+           "find_or_create_parent", "in_sweep", "log_sweep_summary", "log_variant", "rl_change", "run_label", "run_variant",
            "show_progress", "summary_markdown", "summary_metrics", "sweep_key", "sweep_params", "sweep_status", "sweep_summary",
            "variant_overrides"]

@@ -387,7 +387,8 @@ SEED_METRICS = ("success", "accuracy_per_1k_tokens", "behaviour/false_approval_r
 
 def ablation_summary(s: Sources) -> dict[str, float]:
     """Across-seed figures (`rlcr.stats.across_seeds`: mean, t-interval over seeds, min, max, seeds)
-    of every variant's SEED_METRICS, `<variant>/<metric>/<stat>`, and of each variant's difference
+    of every variant's SEED_METRICS, `<variant>/<metric>/<stat>`, of its RL change (end minus start,
+    `<variant>/rl_change/<stat>`), and of each variant's difference
     from `collective` on the same seed, `collective_vs_<variant>/<metric>_diff/<stat>`."""
     from rlcr.stats import across_seeds
 
@@ -402,6 +403,10 @@ def ablation_summary(s: Sources) -> dict[str, float]:
             vals = [x for f in seeds.values() if (x := value(v, f, metric)) is not None]
             if vals:
                 out.update({f"{v}/{metric}/{k}": x for k, x in across_seeds(vals).items()})
+        # the RL change: each seed's end minus its start on the same tasks (rlcr.ablate.rl_change)
+        vals = [x for f in seeds.values() if (x := s.get(f, "rl/success_diff")) is not None]
+        if vals:
+            out.update({f"{v}/rl_change/{k}": x for k, x in across_seeds(vals).items()})
         if v == "collective" or "collective" not in runs:
             continue
         pairs = [(runs["collective"][seed], seeds[seed]) for seed in sorted(set(seeds) & set(runs["collective"]))]
@@ -509,6 +514,8 @@ def q4(s: Sources) -> Finding:
         body += ["", "What organisation each played: " + ", ".join(
             f"`{r}` hires {s.ref(EVAL, f'{r}/org/hires')} agents per episode ({s.ref(EVAL, f'{r}/org/hires_total', 'd')} "
             f"in all)" for r in runs) + "; the difference above is that of the company as RL left it."]
+    seeds, seeds_evidence = q4_seeds(s)
+    body += seeds
     k = f"compare/{comp}/{org}/"
     t = side(s.get(EVAL, k + "success_diff_ci_low"), s.get(EVAL, k + "success_diff_ci_high"), 0.0)
     if not _enough(s, k + "tasks"):
@@ -517,8 +524,31 @@ def q4(s: Sources) -> Finding:
         answer, why = {1: ("yes", "the trained organisation succeeds more often on the same tasks"),
                        -1: ("no", "the trained organisation succeeds less often"),
                        0: ("cannot say", "the difference's interval includes zero")}[t]
-    return Finding(answer, f"`{comp}` {org}: difference {s.ci(EVAL, k + 'success_diff', '+.2f')}",
-                   body + ["", f"**{answer}**: {why}."])
+    return Finding(answer, f"`{comp}` {org}: difference {s.ci(EVAL, k + 'success_diff', '+.2f')}{seeds_evidence}",
+                   body + ["", f"**{answer}**: {why} (the train stage's policy; the seeds above show how far "
+                                "shorter runs from other seeds agree)."])
+
+
+def q4_seeds(s: Sources) -> tuple[list[str], str]:
+    """The `collective` ablation's RL change per seed (its start and end on the same tasks) and across
+    seeds: (report lines, the summary's evidence suffix); nothing without those runs."""
+    runs = {seed: f for seed, f in sorted(_ablation(s, "collective").items()) if s.has(f, "rl/success_diff")}
+    if not runs:
+        return [], ""
+    f0 = next(iter(runs.values()))
+    iters = s.ref(f0, "train/iterations", "d") if s.has(f0, "train/iterations") else "n/a"
+    lines = ["", f"Other seeds (the `collective` ablation: RL with the same params, {iters} iterations, its start the "
+             "same bootstrap on the same tasks and sampling seed):", "",
+             "| seed | start success | end success | change | tasks |", "|---|---|---|---|---|"]
+    for seed, f in runs.items():
+        end = _variant_key(s.files[f], "collective", "success")
+        lines.append(f"| `{seed}` | {s.ci(f, 'start/success')} | {s.ci(f, end) if end else 'n/a'} | "
+                     f"{s.ci(f, 'rl/success_diff', '+.2f')} | {s.ref(f, 'rl/tasks', 'd')} |")
+    across = _seed_ci(s, "collective/rl_change", "+.2f")
+    if across == "n/a":
+        return lines, ""
+    lines += ["", f"Across seeds (a t-interval over the per-seed changes): {across}."]
+    return lines, f"; over {s.ref(SEEDS, 'collective/rl_change/seeds', 'd')} seeds ({iters} iterations): {across}"
 
 
 def _counts(s: Sources, file: str, prefix: str, name: str, variant: str | None = None) -> tuple[float, float] | None:
@@ -781,15 +811,20 @@ def ablation_table(s: Sources) -> list[str]:
     files = s.ablation_files()
     if not files:
         return ["No ablations yet (metrics/ablations/*.json)."]
-    out = ["| variant | seed | train success first | train success last | company success | successes per thousand "
-           "tokens |", "|---|---|---|---|---|---|"]
+    out = ["Each run's start is models/bootstrap rolled out the same way (its organisation, tasks and seed); the change "
+           "is end minus start, paired by task.", "",
+           "| variant | seed | train success first | train success last | start success | company success | change | "
+           "successes per thousand tokens |", "|---|---|---|---|---|---|---|---|"]
     for f in files:
         d = s.files[f]
         v = str(d.get("variant", Path(f).stem))
         cells = [s.show(f, k) for k in ("train/success_first", "train/success_last")]
+        cells.append(s.ci(f, "start/success") if s.has(f, "start/success") else "n/a")
         for metric in ("success", "accuracy_per_1k_tokens"):
             k = _variant_key(d, v, metric)
             cells.append(s.show(f, k) if k else "n/a")
+            if metric == "success":
+                cells.append(s.ci(f, "rl/success_diff", "+.2f") if s.has(f, "rl/success_diff") else "n/a")
         seed = s.ref(f, "seed", "d") if s.has(f, "seed") else "n/a"
         out.append(f"| `{v}` | {seed} | " + " | ".join(cells) + " |")
     variants = sorted({k.split("/")[0] for k in s.files.get(SEEDS, {}) if k.endswith("/success/mean")
@@ -797,13 +832,14 @@ def ablation_table(s: Sources) -> list[str]:
     if variants:
         out += ["", "Across seeds: mean with a t-interval over the seeds (their spread, not task resampling), and the "
                 "difference from `collective` on the same seeds.", "",
-                "| variant | seeds | company success | lowest seed | highest seed | `collective` minus variant |",
-                "|---|---|---|---|---|---|"]
+                "| variant | seeds | company success | lowest seed | highest seed | change from start | `collective` minus "
+                "variant |", "|---|---|---|---|---|---|---|"]
         for v in variants:
             k = f"{v}/success"
             diff = _seed_ci(s, f"collective_vs_{v}/success_diff", "+.2f")
             out.append(f"| `{v}` | {s.ref(SEEDS, k + '/seeds', 'd')} | {_seed_ci(s, k)} | {s.ref(SEEDS, k + '/min')} | "
-                       f"{s.ref(SEEDS, k + '/max')} | {diff if v != 'collective' else 'n/a'} |")
+                       f"{s.ref(SEEDS, k + '/max')} | {_seed_ci(s, f'{v}/rl_change', '+.2f')} | "
+                       f"{diff if v != 'collective' else 'n/a'} |")
     return out
 
 
@@ -880,7 +916,7 @@ def _curves(root: Path) -> dict[str, list]:
 
 def _sample_charts(root: Path, s: Sources, n: int) -> list[tuple[str, str, list]]:
     """(episode id, title, org chart) of the n largest company organisations of the trained policy
-    (the baseline when there is none), ties broken by episode id."""
+    (the baseline when there is none) on the trained families, ties broken by episode id."""
     import pandas as pd
 
     runs = [r for r in eval_runs(s) if r.endswith("__company") and (root / f"data/rollouts/{r}.parquet").is_file()]
@@ -889,6 +925,9 @@ def _sample_charts(root: Path, s: Sources, n: int) -> list[tuple[str, str, list]
     head = _headline([r.split("__")[0] for r in runs], s)
     ep = pd.read_parquet(root / f"data/rollouts/{head}__company.parquet", columns=["episode_id", "family", "outcome",
                                                                                    "n_agents", "org_chart"])
+    trained = {k.split("/")[2] for k in s.files.get(EVAL, {}) if k.startswith(f"{head}__company/family/")}
+    if trained:  # the trained families' episodes: transfer probes stay apart here too
+        ep = ep[ep["family"].isin(trained)]
     ep = ep.sort_values(["n_agents", "episode_id"], ascending=[False, True]).head(n)
     return [(e.episode_id, f"{head} {e.episode_id} ({e.family}, {'success' if e.outcome >= 1 else 'fail'})",
              json.loads(e.org_chart)) for e in ep.itertuples()]

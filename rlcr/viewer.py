@@ -4,7 +4,8 @@
 
 Arguments are episode tables (`<stem>.parquet`, or its `.turns.parquet`) or folders searched for them
 (an episode table counts when its `.turns.parquet` lies beside it); `<policy>__<org>.parquet` is a
-rollout run, `<variant>__s<seed>/rollout.parquet` an ablation run. `build_viewer` writes into `out`:
+rollout run, `<variant>__s<seed>/rollout.parquet` an ablation run (`start.parquet` beside it: its start policy
+on the same tasks). `build_viewer` writes into `out`:
 
     index.html        the page (no data in it): loads viewer.js, which loads data/*.js on demand
     viewer.js/.css    the app (rlcr/viewer_assets): DOM built by hand, charts in inline SVG
@@ -72,7 +73,8 @@ class RunSource:
 
     episodes: Path
     kind: str = "rollout"
-    """rollout (data/rollouts/<policy>__<org>) or ablation (ablations/<variant>__s<seed>/rollout)."""
+    """rollout (data/rollouts/<policy>__<org>) or ablation (ablations/<variant>__s<seed>/rollout, or its
+    start: `start`, policy `bootstrap`)."""
     policy: str = ""
     org: str = ""
     variant: str = ""
@@ -88,7 +90,7 @@ class RunSource:
     @property
     def label(self) -> str:
         if self.kind == "ablation":
-            return f"{self.variant} (seed {self.seed})"
+            return f"{self.variant} (seed {self.seed})" + (f", its start ({self.policy})" if self.policy else "")
         return f"{self.policy} x {self.org}" if self.org else self.stem
 
 
@@ -104,8 +106,9 @@ def describe(path: Path) -> RunSource:
     """A run's labels from where its episode table lies (see the module docstring)."""
     stem = path.name[: -len(".parquet")]
     m = ABLATION_DIR.fullmatch(path.parent.name)
-    if stem == "rollout" and m:
-        return RunSource(path, "ablation", variant=m["variant"], seed=int(m["seed"]))
+    if stem in ("rollout", "start") and m:  # start: the run's start policy on the same tasks
+        return RunSource(path, "ablation", policy="bootstrap" if stem == "start" else "", variant=m["variant"],
+                         seed=int(m["seed"]))
     policy, sep, org = stem.rpartition("__")
     return RunSource(path, "rollout", policy=policy, org=org) if sep and policy else RunSource(path, "rollout")
 

@@ -1,4 +1,6 @@
-"""DVC stage `ablate` (one instance per variant x seed): short RL -> rollout -> evaluation (rlcr/ablate.py).
+"""DVC stage `ablate` (one per variant x seed): short RL, rollouts of its policy and its start, evaluation.
+
+rlcr/ablate.py does the work.
 
     python stages/ablate.py --variant no_board --seed 0
 
@@ -7,7 +9,10 @@ Outs (<label> = <variant>__s<seed>):
     ablations/<label>/rollout.parquet          its eval rollout: episode table, turn table, real seconds
     ablations/<label>/rollout.turns.parquet    (rlcr.rollout.rollout_frames; the rollout stage's GE suite
     ablations/<label>/rollout.timing.parquet    is not run here: its ~6 s import per run is the budget of a task)
-    metrics/ablations/<label>.json             variant, seed, train/success_first/last, <variant>/... evaluation
+    ablations/<label>/start.parquet (+ .turns, .timing)   the start policy (models/bootstrap) rolled out the same
+                                               way on the same tasks and seed: the baseline of the RL change
+    metrics/ablations/<label>.json             variant, seed, train/success_first/last, <variant>/... evaluation,
+                                               start/success and rl/success_diff (end minus start, paired by task)
     plots/ablations/<label>.csv                per-iteration learning curve, the columns of plots/train.csv
 
 The run folder is built as ablations/.<label>.tmp and renamed into place at the end, and the metrics
@@ -52,6 +57,7 @@ def body(params, tracker, root: Path, variant: str, seed: int, base) -> None:
     with in_sweep(tracker, base, root, variant, seed):
         run = run_variant(params, variant, start, train_tasks, eval_tasks, work, tracker, ckpt_dir)
         write_rollout(rollout_frames(run.records), work, "rollout")
+        write_rollout(rollout_frames(run.start_records), work, "start")
         metrics = ablation_metrics(variant, seed, run)
         log_variant(tracker, variant, seed, params.profile, metrics)  # headline keys + the table as an artifact
         shutil.rmtree(out, ignore_errors=True)
@@ -62,8 +68,9 @@ def body(params, tracker, root: Path, variant: str, seed: int, base) -> None:
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # outs written: checkpoints only survive a kill
     m = metrics
     print(f"[ablate] {label}: train success {m['train/success_first']:.2f} -> {m['train/success_last']:.2f}; eval "
-          f"success {m.get(f'{variant}/success', 0.0):.3f} on {m.get(f'{variant}/tasks', 0.0):.0f} tasks; "
-          f"{m['train/seconds']:.0f} s train, {m['rollout/seconds']:.0f} s rollout")
+          f"success {m.get(f'{variant}/success', 0.0):.3f} on {m.get(f'{variant}/tasks', 0.0):.0f} tasks (start "
+          f"{m.get('start/success', 0.0):.3f}, change {m.get('rl/success_diff', 0.0):+.3f}); "
+          f"{m['train/seconds']:.0f} s train, {m['rollout/seconds']:.0f} + {m['start_rollout/seconds']:.0f} s rollouts")
 
 
 def main() -> int:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from helpers import dvc as _dvc
@@ -174,11 +175,19 @@ def test_repro_of_the_matrix_on_the_quick_profile(quick_pipeline):
         assert f"Running stage 'ablate@{v}-0'" in stdout
         assert (root / f"ablations/{v}__s0/policy/config.json").is_file()
         assert (root / f"ablations/{v}__s0/rollout.turns.parquet").is_file()
+        assert (root / f"ablations/{v}__s0/start.turns.parquet").is_file()
         m = json.loads((root / f"metrics/ablations/{v}__s0.json").read_text())
         assert m["variant"] == v and m["seed"] == 0 and m["train/iterations"] == 1
         keys = {"train/success_first", "train/success_last", f"{v}/success", f"{v}/success_ci_low",
-                f"{v}/success_ci_high", f"{v}/accuracy_per_1k_tokens", f"{v}/tasks"}
+                f"{v}/success_ci_high", f"{v}/accuracy_per_1k_tokens", f"{v}/tasks", "start/success", "rl/success_diff",
+                "rl/success_diff_ci_low", "rl/tasks"}
         assert keys <= set(m) and all(isinstance(m[k], float) for k in keys)
+        # the start is models/bootstrap rolled out on the same tasks: the change is end minus start, paired
+        start = pd.read_parquet(root / f"ablations/{v}__s0/start.parquet")
+        end = pd.read_parquet(root / f"ablations/{v}__s0/rollout.parquet")
+        assert sorted(start["task_id"]) == sorted(end["task_id"]) and m["rl/tasks"] == m[f"{v}/tasks"]
+        assert m["rl/success_diff"] == pytest.approx(m[f"{v}/success"] - m["start/success"])
+        assert m["start/success"] == pytest.approx((start["outcome"] >= 1).mean())
         header = (root / f"plots/ablations/{v}__s0.csv").read_text().splitlines()[0]
         from rlcr.train.loop import CURVE_COLUMNS
 
@@ -190,7 +199,7 @@ def test_repro_of_the_matrix_on_the_quick_profile(quick_pipeline):
 
     sources = report.Sources.load(root, {"min_tasks_for_claim": 20, "noninferiority_margin": 0.05})
     table = report.ablation_table(sources)
-    assert [r.split("|")[1].strip() for r in table[2:]] == [f"`{v}`" for v in variants]
+    assert [r.split("|")[1].strip() for r in table[4:]] == [f"`{v}`" for v in variants]
     assert "Ablation (causal)" in "\n".join(report.q3(sources).body)
 
     # MLflow: one run per variant x seed, tagged, all nested under one parent run

@@ -117,7 +117,8 @@ def test_the_parent_has_a_description_the_sweep_params_and_a_summary_per_variant
     assert parent.info.status == "FINISHED"
     note = parent.data.tags["mlflow.note.content"]
     assert "Ablation sweep" in note and all(f"| {v} |" in note for v in VARIANTS)
-    assert parent.data.params["ablate.iterations"] == "10" and parent.data.params["profile"] == "tiny"
+    iterations = load_params(ROOT / "params.yaml").ablate.iterations  # the sweep's, as params.yaml sets it
+    assert parent.data.params["ablate.iterations"] == str(iterations) and parent.data.params["profile"] == "tiny"
     for variant in VARIANTS:
         values = [m[f"{variant}/success"] for (v, _), (_, m) in sweep["children"].items() if v == variant]
         mean = sum(values) / len(values)

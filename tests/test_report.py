@@ -217,6 +217,34 @@ def test_ablation_answers_use_the_spread_across_seeds():
     assert q3(s).answer == "cannot say" and "includes zero" in q3(s).body[-1]
 
 
+def test_the_rl_change_of_each_seed_and_across_seeds_reaches_q4_and_the_ablation_table():
+    from rlcr.report import SEEDS, ablation_summary, ablation_table, q4_seeds
+
+    files = {}
+    for seed, (start, diff) in {0: (0.60, 0.10), 1: (0.55, 0.15), 2: (0.62, 0.08)}.items():
+        files[f"metrics/ablations/collective__s{seed}.json"] = {
+            "variant": "collective", "seed": seed, "train/iterations": 20.0, "train/success_first": 0.6,
+            "train/success_last": 0.7, "collective/success": start + diff, "collective/success_ci_low": start + diff - 0.1,
+            "collective/success_ci_high": start + diff + 0.1, "start/success": start, "start/success_ci_low": start - 0.1,
+            "start/success_ci_high": start + 0.1, "rl/success_diff": diff, "rl/success_diff_ci_low": diff - 0.05,
+            "rl/success_diff_ci_high": diff + 0.05, "rl/tasks": 128.0}
+    s = Sources(files)
+    s.files[SEEDS] = ablation_summary(s)
+    assert s.files[SEEDS]["collective/rl_change/mean"] == pytest.approx(0.11)
+    assert s.files[SEEDS]["collective/rl_change/min"] == pytest.approx(0.08) and s.files[SEEDS]["collective/rl_change/seeds"] == 3
+    lines, evidence = q4_seeds(s)
+    text = fill("\n".join(lines) + evidence, s)[0]
+    assert sum(r.startswith("| `") for r in lines) == 3 and "| `1` | 0.55 [0.45, 0.65] | 0.70 [0.60, 0.80] | +0.15 [+0.10, +0.20] | 128 |" in text
+    assert "over 3 seeds (20 iterations): +0.11 [" in text
+    table = fill("\n".join(ablation_table(s)), s)[0]
+    assert "| `collective` | 0 | 0.60 | 0.70 | 0.60 [0.50, 0.70] | 0.70 [0.60, 0.80] | +0.10 [+0.05, +0.15] |" in table
+    assert "| `collective` | 3 | 0.70 [0.70, 0.70] | 0.70 | 0.70 | +0.11 [+0.02, +0.20] | n/a |" in table
+    # runs without a start rollout (older metrics): n/a in the table, nothing in Q4
+    old = Sources({f: {k: v for k, v in d.items() if not k.startswith(("start/", "rl/"))} for f, d in files.items()})
+    old.files[SEEDS] = ablation_summary(old)
+    assert q4_seeds(old) == ([], "") and "| n/a | 0.70 [" in fill("\n".join(ablation_table(old)), old)[0]
+
+
 def _q1_files(per_seed: dict[int, tuple[float, float, float, float]]) -> Sources:
     """Ablation files of `collective` and `no_hiring`: {seed: (company success, single success, company
     critical path, single tokens)}."""

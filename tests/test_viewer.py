@@ -365,6 +365,9 @@ def test_runs_are_found_and_labelled_from_their_paths(project):
     assert labels[0] == ("rollout", "trained x single", "trained__single")
     assert ("ablation", "no_board (seed 1)", "rollout") in labels and len(labels) == 4  # each run once
     assert describe(Path("x/odd.parquet")).label == "odd"
+    start = describe(Path("ablations/no_board__s1/start.parquet"))  # an ablation's start policy, same tasks
+    assert (start.kind, start.variant, start.seed, start.label) == ("ablation", "no_board", 1,
+                                                                    "no_board (seed 1), its start (bootstrap)")
     with pytest.raises(FileNotFoundError):
         find_runs([project / "plots/train.csv"])
 
