@@ -37,14 +37,19 @@ def project_env(root: Path) -> dict[str, str]:
 
 
 def cpu_kernels(machine: str | None = None, cpu_flags: str | None = None) -> dict[str, str]:
-    """Variables that pin torch's and MKL's CPU kernels to AVX2 on an x86-64 CPU that has it.
+    """Variables that pin torch's and MKL's CPU kernels on an x86-64 CPU that has AVX2.
 
     torch picks its vector kernels by the CPU it finds (AVX-512 where there is one) and each sums in
     its own order, so the same run gave other metrics on another machine: measured on the default
     model, AVX-512 and AVX2 kernels give different bits from the first step, and the tiny profile's
-    fresh-clone repro moved its RL gain from +0.23 to +0.13. AVX2 is on every x86-64 server of the
-    last decade; pinned, every such machine runs the same kernels (MKL's by its own switch). Elsewhere
-    (no AVX2, another architecture) nothing is pinned. Set ATEN_CPU_CAPABILITY yourself to choose."""
+    fresh-clone repro moved its RL gain from +0.23 to +0.13. So torch's kernels are pinned to AVX2 and
+    MKL's to its AVX2 branch in strict reproducibility mode (`MKL_CBWR=AVX2,STRICT`: its matrix
+    products give the same bits at any thread count; without STRICT, an Intel Xeon with AMX computed
+    the default model's probe differently at 1 and 2 threads, tests/test_repro.py). On a CPU with AMX
+    torch's own kernels stay (AVX-512): its bf16 attention packs its operands for AMX with AVX-512
+    code and refuses an AVX2 pin ("pack_vnni2 is only supported when avx512 is supported"), and such a
+    machine computed other bits than the AVX2-pinned AMD EPYC whatever torch's pin. Elsewhere (no AVX2,
+    another architecture) nothing is pinned. Set ATEN_CPU_CAPABILITY or MKL_CBWR yourself to choose."""
     import platform
 
     machine = machine if machine is not None else platform.machine()
@@ -57,7 +62,8 @@ def cpu_kernels(machine: str | None = None, cpu_flags: str | None = None) -> dic
             return {}
     if " avx2" not in cpu_flags:
         return {}
-    return {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+    mkl = {"MKL_CBWR": "AVX2,STRICT"}
+    return mkl if " amx_tile" in cpu_flags else {"ATEN_CPU_CAPABILITY": "avx2", **mkl}
 
 
 STAGE_THREADS = {"bootstrap": 2}

@@ -25,7 +25,7 @@ from rlcr.evaluate import RunFrames, evaluate
 from rlcr.org import run_episodes
 from rlcr.org.episode import Generation, Request
 from rlcr.org.runner import SandboxRunner
-from rlcr.report import EVAL, PARAMS, Sources, fill, q5
+from rlcr.report import EVAL, PARAMS, RATES, Sources, fill, q5, rate_intervals
 from rlcr.sandbox import run_python
 from rlcr.tasks import build_family, verify
 from rlcr.tasks.canary import CANARIES
@@ -200,6 +200,7 @@ def test_q5_lists_the_counters_over_all_episodes_probes_included(batch):
     assert ev.metrics["scripted__company/episodes"] == 1  # the code tasks are transfer probes...
     assert ev.metrics["scripted__company/cheat/code_episodes_total"] == 7  # ...but counted for cheating
     s = Sources({EVAL: ev.metrics, PARAMS: {"report.min_tasks_for_claim": 20}})
+    s.files[RATES] = rate_intervals(s)  # as build_report reads them
     text, _ = fill("\n".join(q5(s).body), s)
     lines = text.split("\n")
     head = next(i for i, line in enumerate(lines) if line.startswith("Cheating on code tasks"))
@@ -216,6 +217,7 @@ def test_q5_says_plainly_when_there_were_no_code_tasks(batch):
     episodes, turns, _ = rollout_frames([batch[0]["sum"]])
     ev = evaluate({"scripted__company": RunFrames(episodes, turns)})
     s = Sources({EVAL: ev.metrics, PARAMS: {"report.min_tasks_for_claim": 20}})
+    s.files[RATES] = rate_intervals(s)  # as build_report reads them
     text, _ = fill("\n".join(q5(s).body), s)
     assert "Cheating counters: no code tasks in this run." in text and "tampering attempts" not in text
     assert not [k for k in ev.metrics if "/cheat/" in k]

@@ -275,6 +275,9 @@ def evaluate(engine, tokenizer, tasks: Sequence[Task], params: Params, seed: int
     b = behaviour_metrics(records, token_length_fn(tokenizer))
     out.update({f"eval/{k.split('/', 1)[1]}": b[k] for k in ("org/size", "behaviour/malformed_rate",
                                                            "time/total_tokens") if k in b})
+    # the counts behind eval/malformed_rate, for an interval (rlcr.proportions)
+    out["eval/malformed_turns_total"] = float(sum(r.episode.malformed_turns for r in records))
+    out["eval/turns_total"] = float(sum(r.episode.n_turns for r in records))
     return out
 
 
