@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlcr.config import load_params  # noqa: E402
+from rlcr.proportions import newcombe_diff  # noqa: E402
 from rlcr.tasks.suite import build_splits, from_frame  # noqa: E402
 from rlcr.tracking import NullTracker  # noqa: E402
 from rlcr.train.bootstrap import bootstrap_policy  # noqa: E402
@@ -50,4 +51,9 @@ def test_default_bootstrap_is_in_the_band_and_rl_raises_held_out_company_success
     # the band where RL has signal, then a gain with a margin and no rise in malformed turns
     assert 0.25 <= before["eval/success"] <= 0.75
     assert after["eval/success"] >= before["eval/success"] + 0.05
-    assert after["eval/malformed_rate"] <= before["eval/malformed_rate"] + 0.02
+    # no rise: Newcombe's interval of the malformed-turn rate's change (after minus before, from the counts)
+    # reaches zero or below; turns are few (the trained company takes fewer), so a point rise of 2 points is noise
+    rise = newcombe_diff(after["eval/malformed_turns_total"], after["eval/turns_total"],
+                         before["eval/malformed_turns_total"], before["eval/turns_total"])
+    assert rise[1] <= 0.0, f"malformed turns rose: {rise}"
+    assert after["eval/malformed_rate"] <= 0.05
