@@ -48,10 +48,10 @@ def parse_sets(items: list[str]) -> dict[str, object]:
 
 def scores(folder: Path, held, params, eval_seeds: list[int]) -> tuple[list[float], float]:
     """(company success under each eval seed, mean malformed-turn rate) of the policy in `folder`."""
-    from rlcr.train.loop import evaluate_folder
+    from rlcr.train.loop import evaluate_seeds, pool_seeds
 
-    runs = [evaluate_folder(folder, held, params, s) for s in eval_seeds]
-    return [r["eval/success"] for r in runs], statistics.fmean(r["eval/malformed_rate"] for r in runs)
+    runs = evaluate_seeds(folder, held, params, eval_seeds)
+    return [r["eval/success"] for r in runs], pool_seeds(runs)["eval/malformed_rate"]
 
 
 def main() -> int:

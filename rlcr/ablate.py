@@ -33,10 +33,13 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcr.config import ABLATION_VARIANTS, AblateConfig, ConfigError, Params
 from rlcr.tasks import Task
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 INPUTS = ("models/bootstrap", "data/tasks/train.parquet", "data/tasks/eval.parquet")
 """Files every run of a sweep starts from (part of the sweep key)."""
@@ -326,7 +329,7 @@ def run_variant(params: Params, variant: str, start: Path, train_tasks: Sequence
                 work: Path, tracker, ckpt_dir: Path, log=print) -> VariantRun:
     """Train from `start` into `work/policy` (params already carry the variant's overrides), roll the
     policy out on the eval tasks of the trained families, evaluate."""
-    from rlcr.evaluate import RunFrames, evaluate, spec_metrics
+    from rlcr.evaluate import RunFrames, evaluate, run_table, spec_metrics
     from rlcr.rollout import rollout_policy, select_tasks
     from rlcr.train.loop import train
 
@@ -345,26 +348,25 @@ def run_variant(params: Params, variant: str, start: Path, train_tasks: Sequence
     start_records = rollout_policy(tasks, start, org_mode, params, params.rollout.seed, progress=show_progress())
     t3 = time.perf_counter()
     ev = evaluate({variant: RunFrames.from_records(records)}, params.evaluate, trained)
+    start_table, _ = run_table(RunFrames.from_records(start_records))
     return VariantRun(result.history, result.resumed_from, records,
                       {**spec_metrics(params.evaluate, 1), **ev.metrics,
-                       **rl_change(records, start_records, params.evaluate)},
+                       **rl_change(ev.episodes[variant], start_table, params.evaluate)},
                       {"train": t1 - t0, "rollout": t2 - t1, "start_rollout": t3 - t2}, start_records)
 
 
-def rl_change(end: Sequence, start: Sequence, spec) -> dict[str, float]:
-    """What the variant's RL did, paired by task: its start policy's success on the same tasks, seed and
-    organisation (`start/success` with its interval) and end minus start (`rl/success_diff` with its
-    interval, `rl/tasks`; rlcr.evaluate.compare_tables), overall and on short and long tasks."""
-    from rlcr.evaluate import RunFrames, compare_tables, group_metrics, length_groups, run_table
+def rl_change(end: pd.DataFrame, start: pd.DataFrame, spec) -> dict[str, float]:
+    """What the variant's RL did, paired by task, from the episode tables (`rlcr.evaluate.run_table`) of its
+    end and start policies on the same tasks, seed and organisation: the start's success with its interval
+    (`start/success...`, `start/tasks`) and end minus start (`rl/success_diff...`, `rl/tasks`;
+    rlcr.evaluate.compare_runs), overall and on short and long tasks (`rl/short/...`, `rl/long/...`)."""
+    from rlcr.evaluate import compare_runs, group_metrics
 
-    a, b = (run_table(RunFrames.from_records(list(r)))[0] for r in (end, start))
-    out = {f"start/{k}": v for k, v in group_metrics(b, spec).items() if k.startswith(("success", "tasks"))}
-    out.update({f"rl/{k}": v for k, v in compare_tables(a, b, "end", "start", spec).items()
-                if k.startswith(("success_diff", "tasks"))})
-    la, lb = length_groups(a, spec), length_groups(b, spec)
-    for part in sorted(set(la) & set(lb)):
-        out.update({f"rl/{part}/{k}": v for k, v in compare_tables(la[part], lb[part], "end", "start", spec).items()
-                    if k.startswith(("success_diff", "tasks"))})
+    out = {f"start/{k}": v for k, v in group_metrics(start, spec).items() if k.startswith(("success", "tasks"))}
+    for k, v in compare_runs(end, start, "end", "start", spec).items():
+        stat = k.removeprefix("short/").removeprefix("long/")
+        if not k.startswith("difficulty/") and stat.startswith(("success_diff", "tasks")):
+            out[f"rl/{k}"] = v
     return out
 
 

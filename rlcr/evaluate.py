@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +92,8 @@ class Evaluation:
     """Flat, namespaced: `bootstrap__company/success`, `compare/company_vs_single/bootstrap/success_diff`."""
     table: pd.DataFrame
     """Tidy: one row per run x group (all, family, difficulty, length) with TABLE_COLUMNS."""
+    episodes: dict[str, pd.DataFrame] = field(default_factory=dict)
+    """Per run, the episode table (`run_table`) of the trained families its figures come from."""
 
     def nested(self) -> dict:
         return nest(self.metrics)
@@ -366,7 +368,7 @@ def evaluate(runs: Mapping[str, RunFrames], spec: EvalSpec | None = None,
             metrics.update({f"{run}/{k}": v for k, v in whole.items()})
     metrics.update(comparisons({run: t for run, (t, _) in tables.items()}, spec))
     table = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
-    return Evaluation({k: float(v) for k, v in metrics.items()}, table)
+    return Evaluation({k: float(v) for k, v in metrics.items()}, table, {run: t for run, (t, _) in tables.items()})
 
 
 def spec_metrics(spec: EvalSpec, runs: int) -> dict[str, float]:

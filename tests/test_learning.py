@@ -22,7 +22,7 @@ from rlcr.proportions import newcombe_diff  # noqa: E402
 from rlcr.tasks.suite import build_splits, from_frame  # noqa: E402
 from rlcr.tracking import NullTracker  # noqa: E402
 from rlcr.train.bootstrap import bootstrap_policy  # noqa: E402
-from rlcr.train.loop import evaluate_folder, held_out, train  # noqa: E402
+from rlcr.train.loop import evaluate_seeds, held_out, pool_seeds, train  # noqa: E402
 
 
 def test_default_bootstrap_is_in_the_band_and_rl_raises_held_out_company_success(tmp_path):
@@ -37,10 +37,10 @@ def test_default_bootstrap_is_in_the_band_and_rl_raises_held_out_company_success
 
     t0 = time.perf_counter()
     boot = bootstrap_policy(params, train_tasks, eval_tasks, tmp_path / "bootstrap").metrics
-    before = read_with_seeds(tmp_path / "bootstrap", held, params)
+    before = pool_seeds(evaluate_seeds(tmp_path / "bootstrap", held, params, EVAL_SEEDS))
     train(params, tmp_path / "bootstrap", train_tasks, tmp_path / "policy", NullTracker(),
           ckpt_dir=tmp_path / "ckpt", log=lambda *_: None, register=False)
-    after = read_with_seeds(tmp_path / "policy", held, params)  # same tasks and seeds: paired
+    after = pool_seeds(evaluate_seeds(tmp_path / "policy", held, params, EVAL_SEEDS))  # same tasks and seeds: paired
     print(f"drill {boot['drill/accuracy/2_terms']:.2f}/{boot['drill/accuracy/4_terms']:.2f}, held-out company "
           f"success {before['eval/success']:.3f} -> {after['eval/success']:.3f}, malformed turns "
           f"{before['eval/malformed_turns_total']:.0f}/{before['eval/turns_total']:.0f} -> "
@@ -66,9 +66,3 @@ def test_default_bootstrap_is_in_the_band_and_rl_raises_held_out_company_success
 EVAL_SEEDS = (0, 1, 2, 3)
 """Each policy is read with these sampling seeds on the same held-out tasks (benchmarks/rl_spread.py's default)."""
 
-
-def read_with_seeds(folder: Path, tasks, params) -> dict[str, float]:
-    """Company success averaged over EVAL_SEEDS, malformed and all turns summed over them."""
-    runs = [evaluate_folder(folder, tasks, params, seed) for seed in EVAL_SEEDS]
-    return {"eval/success": sum(r["eval/success"] for r in runs) / len(runs),
-            **{k: sum(r[k] for r in runs) for k in ("eval/malformed_turns_total", "eval/turns_total")}}

@@ -283,10 +283,23 @@ def evaluate(engine, tokenizer, tasks: Sequence[Task], params: Params, seed: int
 
 def evaluate_folder(folder: str | Path, tasks: Sequence[Task], params: Params, seed: int) -> dict[str, float]:
     """`evaluate` of the policy saved in an HF folder, served by the torch engine."""
+    return evaluate_seeds(folder, tasks, params, [seed])[0]
+
+
+def evaluate_seeds(folder: str | Path, tasks: Sequence[Task], params: Params, seeds: Sequence[int]) -> list[dict[str, float]]:
+    """`evaluate` of the policy saved in an HF folder under each sampling seed, the same tasks each time
+    (one sampled episode per task and seed; the policy is loaded once)."""
     model, tok = load_policy(folder, device=params.engine.device, dtype=params.engine.dtype)
     engine = TorchEngine(model, tok, device=params.engine.device, dtype=params.engine.dtype, context=params.model.context,
                          shared_prefill=params.engine.shared_prefill)
-    return evaluate(engine, tok, tasks, params, seed)
+    return [evaluate(engine, tok, tasks, params, seed) for seed in seeds]
+
+
+def pool_seeds(runs: Sequence[dict[str, float]]) -> dict[str, float]:
+    """`evaluate_seeds`'s runs as one reading: success and the malformed-turn rate averaged over the seeds,
+    the malformed and all turns summed (the counts behind an interval of the pooled rate)."""
+    mean = {k: sum(r[k] for r in runs) / len(runs) for k in ("eval/success", "eval/malformed_rate")}
+    return {**mean, **{k: sum(r[k] for r in runs) for k in ("eval/malformed_turns_total", "eval/turns_total")}}
 
 
 def resume_key(params: Params) -> dict[str, Any]:
@@ -602,5 +615,6 @@ def train(params: Params, policy_folder: str | Path, tasks: Sequence[Task], out_
 
 __all__ = ["AgentSamples", "TrainResult", "TurnSample", "agent_samples", "collate_turns", "completion_logprobs",
            "derived_seed",
-           "evaluate", "evaluate_folder", "held_out", "micro_batches", "resume_key", "run_key", "single_count",
+           "evaluate", "evaluate_folder", "evaluate_seeds", "held_out", "micro_batches", "pool_seeds", "resume_key", "run_key",
+           "single_count",
            "train", "turn_samples"]
