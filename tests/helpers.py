@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from pathlib import Path
@@ -76,24 +77,46 @@ def dvc(root: Path, *args: str, check: bool = True, timeout: int = 600) -> subpr
     return proc
 
 
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("PPid:"))
+
+
 def sandbox_processes() -> list[str]:
-    """Processes of any sandbox still alive or unreaped, looked up at once (no waiting first): as root
-    every sandbox runs as uid 65534, so any process of that uid; otherwise any `bwrap` of ours or any
-    process of ours in another PID namespace."""
+    """Processes of any sandbox of this process still alive or unreaped, looked up at once (no waiting
+    first): as root every sandbox runs as uid 65534, so any process of that uid; otherwise any `bwrap` of
+    ours or any process of ours in another PID namespace. One whose line of parents reaches this
+    process's ancestors through another ordinary process (a sibling: another pytest-xdist worker running
+    sandboxes at the same time) is that sibling's and skipped; one that descends from this process, or
+    was orphaned (reparented to pid 1 or to a subreaper: a leaked daemon), is counted."""
     from rlcr.sandbox import NOBODY
 
-    root, mine = os.geteuid() == 0, os.readlink("/proc/self/ns/pid")
+    root, mine, uid_mine = os.geteuid() == 0, os.readlink("/proc/self/ns/pid"), os.getuid()
+
+    def sandboxed(pid: int) -> bool:
+        uid = os.stat(f"/proc/{pid}").st_uid
+        if root:
+            return uid == NOBODY
+        return uid == uid_mine and (Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
+                                    or os.readlink(f"/proc/{pid}/ns/pid") != mine)
+
+    me, ancestors = os.getpid(), set()
+    with contextlib.suppress(OSError, StopIteration):
+        pid = os.getppid()
+        while pid > 1:
+            ancestors.add(pid)
+            pid = _parent(pid)
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
-            uid = os.stat(f"/proc/{pid}").st_uid
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            if root:
-                hit = uid == NOBODY
-            else:
-                hit = uid == os.getuid() and (comm == "bwrap" or os.readlink(f"/proc/{pid}/ns/pid") != mine)
-        except OSError:  # gone meanwhile (or a zombie's namespaces, already released)
+            if not sandboxed(pid):
+                continue
+            below, up = pid, _parent(pid)
+            while up > 1 and up != me and up not in ancestors:
+                below, up = up, _parent(up)
+            if up in ancestors and not sandboxed(below):  # under a sibling of this process
+                continue
+            found.append(f"{pid} {Path(f'/proc/{pid}/comm').read_text().strip()}")
+        except (OSError, StopIteration):  # gone meanwhile (or a zombie's namespaces, already released)
             continue
-        if hit:
-            found.append(f"{pid} {comm}")
     return found

@@ -112,6 +112,7 @@ def test_cross_section_invariants_are_named():
     ("rollout.batch_episodes", 0, r"rollout\.batch_episodes: must be >= 1"),
     ("rollout.max_tasks_per_family", -1, r"rollout\.max_tasks_per_family: must be >= 0"),
     ("engine.sampler", "gumbel", r"engine\.sampler: must be one of"),
+    ("engine.row_threads", 0, r"engine\.row_threads: must be >= 1"),
 ])
 def test_rollout_values_are_checked_when_loading(key, value, match):
     with pytest.raises(ConfigError, match=match):

@@ -112,7 +112,7 @@ def make_engine(cfg: EngineConfig, folder: str | Path, model_cfg: ModelConfig | 
         from rlcr.policy.torch_engine import TorchEngine
 
         return TorchEngine.from_folder(folder, device=cfg.device, dtype=cfg.dtype, context=context,
-                                       shared_prefill=cfg.shared_prefill)
+                                       shared_prefill=cfg.shared_prefill, row_threads=cfg.row_threads)
     if cfg.kind == "vllm":
         from rlcr.policy.vllm_engine import VllmEngine
 

@@ -23,6 +23,13 @@ How it works:
 - Llama-family models run through our own forward (rlcr/policy/fast_llama.py: fused q/k/v and
   gate/up matmuls, fewer small operations; same results within float rounding); other models, or
   `fast_forward=False`, run the HF model's forward with the same cache and mask.
+- Row shares (`row_threads=n`, off at 1; CPU only): a forward of at least 8n rows runs as n shares of
+  the rows at once, one Python thread each at one intra-op thread (never more shares than the process's
+  torch threads). Why: under OMP_WAIT_POLICY=PASSIVE (rlcr/env.py) torch's OpenMP workers sleep after every
+  parallel operation and waking them costs ~0.1-0.3 ms, and a decode step of a 30-layer model has
+  ~450 operations, most of them small; threads that each own a share of the rows never wait for one
+  another inside a step. Each share computes its rows as a smaller batch would (same values within
+  float rounding, deterministic for the same calls).
 - Stop detection runs on token ids, vectorised over the batch: a vocabulary mask of tokens that end
   a completion (eos, stop ids, any token whose text contains a stop string) plus a comparison of
   the last k tokens with each stop string's token sequence. Finished rows are dropped from the
@@ -50,6 +57,7 @@ memory between cached sequences with a common prefix (each stores its own copy).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -62,6 +70,7 @@ from rlcr.policy.models import DTYPES, load_policy
 from rlcr.policy.prefix_cache import PrefixCache, shared_heads
 
 _RUNNING, _STOP, _LENGTH, _CONTEXT = 0, 1, 2, 3
+MIN_SHARE_ROWS = 8  # row_threads: a forward splits only into shares of at least this many rows
 _REASONS = {_STOP: "stop", _LENGTH: "length", _CONTEXT: "context"}
 
 
@@ -96,6 +105,22 @@ class _SlotLayer(DynamicLayer):
     def keep_rows(self, index: torch.Tensor) -> None:
         self.kbuf, self.vbuf = self.kbuf[index], self.vbuf[index]
 
+    def share(self, lo: int, hi: int) -> _SlotLayer:
+        """Rows [lo, hi) of the current window as a layer of their own: the same buffers, columns and
+        window, so one thread's forward of those rows reads and writes exactly where the whole one would."""
+        part = _SlotLayer.__new__(_SlotLayer)
+        part.__dict__.update(self.__dict__)
+        start = self.rows.start or 0
+        part.rows = slice(start + lo, start + hi)
+        return part
+
+
+class _RowShare:
+    """A cache made of `_SlotLayer.share`s: what FastLlama reads of a cache (its `layers`)."""
+
+    def __init__(self, layers: list[_SlotLayer]):
+        self.layers = layers
+
 
 class _SlotCache(Cache):
     def __init__(self, num_layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int,
@@ -113,6 +138,10 @@ class _SlotCache(Cache):
     def keep_rows(self, index: torch.Tensor) -> None:
         for layer in self.layers:
             layer.keep_rows(index)
+
+    def share(self, lo: int, hi: int) -> _RowShare:
+        """Rows [lo, hi) of the current window, every layer (`_SlotLayer.share`)."""
+        return _RowShare([layer.share(lo, hi) for layer in self.layers])
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         """A copy of row `row`'s K/V at columns [start, end): (layers, 2, kv_heads, n, head_dim)."""
@@ -182,7 +211,8 @@ class TorchEngine:
 
     def __init__(self, model, tokenizer, device: str = "cpu", dtype: str = "float32",
                  context: int | None = None, prefill_tokens: int | None = None,
-                 prefix_cache_bytes: int = 2**30, fast_forward: bool = True, shared_prefill: bool = False):
+                 prefix_cache_bytes: int = 2**30, fast_forward: bool = True, shared_prefill: bool = False,
+                 row_threads: int = 1):
         if model.config._attn_implementation not in ("sdpa", "eager"):
             model.set_attn_implementation("sdpa")  # we pass a 4-D mask, which flash kernels do not take
         self.model = model.to(device=device, dtype=DTYPES[dtype]).eval()
@@ -203,6 +233,11 @@ class TorchEngine:
         # our own forward for Llama-family models (rlcr/policy/fast_llama.py); others run the HF forward
         self.fast = FastLlama(self.model) if fast_forward and unsupported(self.model) is None else None
         self.shared_prefill = shared_prefill and self.prefix_cache is not None
+        if row_threads < 1:
+            raise ValueError(f"row_threads must be >= 1, got {row_threads}")
+        self.row_threads = row_threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
         self._weights_version = self._version()
         # totals over calls: prompt tokens, those read from the cache, and tokens run by prefills (shared heads included)
         self.prompt_tokens = self.reused_tokens = self.prefilled_tokens = 0
@@ -418,10 +453,37 @@ class TorchEngine:
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: _SlotCache) -> torch.Tensor:
         """Logits (b, V) of each row's last position; `mask` (b, 1, q, kv) bool, True = may attend."""
         if self.fast is not None:
-            return self.fast(ids, positions, mask, cache)
+            n = min(self.row_threads, torch.get_num_threads(), ids.shape[0] // MIN_SHARE_ROWS) if self.device.type == "cpu" else 1
+            return self._forward_shares(n, ids, positions, mask, cache) if n > 1 else self.fast(ids, positions, mask, cache)
         out = self.model(input_ids=ids, attention_mask=self._mask(mask), position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
+
+    def _forward_shares(self, n: int, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                        cache: _SlotCache) -> torch.Tensor:
+        """`self.fast` on n shares of the rows at once, one Python thread each at one intra-op thread
+        (this one takes the first share), so no OpenMP team is woken for each of a step's ~450 small
+        operations (`row_threads` in the module docstring)."""
+        if self._pool_size < n - 1:
+            self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="rlcr-rows", initializer=torch.set_num_threads,
+                                            initargs=(1,))
+            self._pool_size = n - 1
+        b = ids.shape[0]
+        cut = [b * i // n for i in range(n + 1)]
+        jobs = [(slice(lo, hi), cache.share(lo, hi)) for lo, hi in zip(cut, cut[1:], strict=False)]
+
+        def run(rows: slice, part: _RowShare) -> torch.Tensor:
+            with torch.inference_mode():
+                return self.fast(ids[rows], positions[rows], mask[rows], part)
+
+        futures = [self._pool.submit(run, rows, part) for rows, part in jobs[1:]]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            first = run(*jobs[0])
+        finally:
+            torch.set_num_threads(threads)
+        return torch.cat([first, *(f.result() for f in futures)])
 
     def _mask(self, mask: torch.Tensor) -> torch.Tensor:
         """A boolean (b, 1, q, kv) mask in the form the model's attention takes."""

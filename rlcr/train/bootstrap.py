@@ -499,7 +499,7 @@ def quick_eval(model, tokenizer, tasks: Sequence[Task], n_tasks: int, org: OrgCo
     if not picked:
         return {}
     eng = TorchEngine(model, tokenizer, device=engine.device, dtype=engine.dtype, context=context,
-                      shared_prefill=engine.shared_prefill)
+                      shared_prefill=engine.shared_prefill, row_threads=engine.row_threads)
     len_fn = token_length_fn(tokenizer)
     out: dict[str, float] = {"bootstrap/eval_tasks": len(picked)}
     for mode in ("company", "single"):

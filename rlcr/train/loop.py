@@ -291,7 +291,7 @@ def evaluate_seeds(folder: str | Path, tasks: Sequence[Task], params: Params, se
     (one sampled episode per task and seed; the policy is loaded once)."""
     model, tok = load_policy(folder, device=params.engine.device, dtype=params.engine.dtype)
     engine = TorchEngine(model, tok, device=params.engine.device, dtype=params.engine.dtype, context=params.model.context,
-                         shared_prefill=params.engine.shared_prefill)
+                         shared_prefill=params.engine.shared_prefill, row_threads=params.engine.row_threads)
     return [evaluate(engine, tok, tasks, params, seed) for seed in seeds]
 
 
@@ -369,7 +369,7 @@ def rollout_engine(params: Params, policy_folder: str | Path, tokenizer, device:
         return VllmEngine(policy_folder, dtype=params.engine.dtype, context=params.model.context)
     model, _ = load_policy(policy_folder, device=device, dtype=params.engine.dtype)
     return TorchEngine(model, tokenizer, device=device, dtype=params.engine.dtype, context=params.model.context,
-                       shared_prefill=params.engine.shared_prefill)
+                       shared_prefill=params.engine.shared_prefill, row_threads=params.engine.row_threads)
 
 
 # ------------------------------------------------------------------------------------- the loop
