@@ -93,12 +93,13 @@ def sandbox_processes() -> list[str]:
 
     root, mine, uid_mine = os.geteuid() == 0, os.readlink("/proc/self/ns/pid"), os.getuid()
 
-    def sandboxed(pid: int) -> bool:
+    def sandboxed(pid: int) -> str | None:
+        """The process's command name if it is a sandbox process, else None."""
         uid = os.stat(f"/proc/{pid}").st_uid
-        if root:
-            return uid == NOBODY
-        return uid == uid_mine and (Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
-                                    or os.readlink(f"/proc/{pid}/ns/pid") != mine)
+        if uid != (NOBODY if root else uid_mine):
+            return None
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        return comm if root or comm == "bwrap" or os.readlink(f"/proc/{pid}/ns/pid") != mine else None
 
     me, ancestors = os.getpid(), set()
     with contextlib.suppress(OSError, StopIteration):
@@ -109,14 +110,15 @@ def sandbox_processes() -> list[str]:
     found = []
     for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
-            if not sandboxed(pid):
+            comm = sandboxed(pid)
+            if comm is None:
                 continue
             below, up = pid, _parent(pid)
             while up > 1 and up != me and up not in ancestors:
                 below, up = up, _parent(up)
-            if up in ancestors and not sandboxed(below):  # under a sibling of this process
+            if up in ancestors and sandboxed(below) is None:  # under a sibling of this process
                 continue
-            found.append(f"{pid} {Path(f'/proc/{pid}/comm').read_text().strip()}")
+            found.append(f"{pid} {comm}")
         except (OSError, StopIteration):  # gone meanwhile (or a zombie's namespaces, already released)
             continue
     return found
