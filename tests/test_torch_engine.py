@@ -288,3 +288,26 @@ def test_row_shares_give_the_full_recompute_and_run_on_threads(policy):
         torch.set_num_threads(threads)
     with pytest.raises(ValueError, match="row_threads"):
         TorchEngine(model, tok, context=CTX, row_threads=0)
+
+
+def test_from_config_builds_what_the_config_says_and_a_grown_pool_replaces_the_old(policy):
+    """`TorchEngine.from_config` takes dtype, shared heads and row threads from an `EngineConfig` (the
+    device from it unless one is named); when a call needs more row shares than the pool has threads
+    (the process's thread count grew), the old pool is shut down, not left behind."""
+    model, tok = policy
+    cfg = EngineConfig(shared_prefill=True, row_threads=3)
+    engine = TorchEngine.from_config(model, tok, cfg, CTX)
+    assert (engine.shared_prefill, engine.row_threads, engine.context, engine.device.type) == (True, 3, CTX, "cpu")
+    assert TorchEngine.from_config(model, tok, EngineConfig(), CTX).row_threads == 1
+    ps, s = prompts(24, seed=5), Sampling(temperature=0, max_new_tokens=4, ignore_eos=True)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        engine.generate(ps, s)
+        first = engine._pool
+        assert engine._pool_size == 1 and first is not None
+        torch.set_num_threads(3)
+        engine.generate(ps, s)
+        assert engine._pool_size == 2 and engine._pool is not first and first._shutdown
+    finally:
+        torch.set_num_threads(threads)

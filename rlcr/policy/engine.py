@@ -109,10 +109,11 @@ def make_engine(cfg: EngineConfig, folder: str | Path, model_cfg: ModelConfig | 
     """The engine `cfg.kind` serving the policy folder; model.context caps the context."""
     context = model_cfg.context if model_cfg is not None else None
     if cfg.kind == "torch":
+        from rlcr.policy.models import load_policy
         from rlcr.policy.torch_engine import TorchEngine
 
-        return TorchEngine.from_folder(folder, device=cfg.device, dtype=cfg.dtype, context=context,
-                                       shared_prefill=cfg.shared_prefill, row_threads=cfg.row_threads)
+        model, tok = load_policy(folder, device=cfg.device, dtype=cfg.dtype)
+        return TorchEngine.from_config(model, tok, cfg, context)
     if cfg.kind == "vllm":
         from rlcr.policy.vllm_engine import VllmEngine
 

@@ -64,6 +64,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
+from rlcr.config import EngineConfig
 from rlcr.policy.engine import Completion, Sampling, pad_token_id
 from rlcr.policy.fast_llama import FastLlama, unsupported
 from rlcr.policy.models import DTYPES, load_policy
@@ -247,6 +248,14 @@ class TorchEngine:
                     context: int | None = None, **kw) -> TorchEngine:
         model, tok = load_policy(folder, device=device, dtype=dtype)
         return cls(model, tok, device=device, dtype=dtype, context=context, **kw)
+
+    @classmethod
+    def from_config(cls, model, tokenizer, cfg: EngineConfig, context: int | None = None,
+                    device: str | None = None) -> TorchEngine:
+        """The engine `cfg` describes (dtype, shared heads, row threads; its device unless `device`
+        names another, a rank's own GPU) serving `model`."""
+        return cls(model, tokenizer, device=device or cfg.device, dtype=cfg.dtype, context=context,
+                   shared_prefill=cfg.shared_prefill, row_threads=cfg.row_threads)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take the trainer's new weights (copied and cast into this engine's device and dtype)."""
@@ -465,6 +474,8 @@ class TorchEngine:
         (this one takes the first share), so no OpenMP team is woken for each of a step's ~450 small
         operations (`row_threads` in the module docstring)."""
         if self._pool_size < n - 1:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)  # idle between calls: its threads end
             self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="rlcr-rows", initializer=torch.set_num_threads,
                                             initargs=(1,))
             self._pool_size = n - 1

@@ -498,8 +498,7 @@ def quick_eval(model, tokenizer, tasks: Sequence[Task], n_tasks: int, org: OrgCo
     picked = _eval_tasks(tasks, n_tasks)
     if not picked:
         return {}
-    eng = TorchEngine(model, tokenizer, device=engine.device, dtype=engine.dtype, context=context,
-                      shared_prefill=engine.shared_prefill, row_threads=engine.row_threads)
+    eng = TorchEngine.from_config(model, tokenizer, engine, context)
     len_fn = token_length_fn(tokenizer)
     out: dict[str, float] = {"bootstrap/eval_tasks": len(picked)}
     for mode in ("company", "single"):

@@ -290,8 +290,7 @@ def evaluate_seeds(folder: str | Path, tasks: Sequence[Task], params: Params, se
     """`evaluate` of the policy saved in an HF folder under each sampling seed, the same tasks each time
     (one sampled episode per task and seed; the policy is loaded once)."""
     model, tok = load_policy(folder, device=params.engine.device, dtype=params.engine.dtype)
-    engine = TorchEngine(model, tok, device=params.engine.device, dtype=params.engine.dtype, context=params.model.context,
-                         shared_prefill=params.engine.shared_prefill, row_threads=params.engine.row_threads)
+    engine = TorchEngine.from_config(model, tok, params.engine, params.model.context)
     return [evaluate(engine, tok, tasks, params, seed) for seed in seeds]
 
 
@@ -368,8 +367,7 @@ def rollout_engine(params: Params, policy_folder: str | Path, tokenizer, device:
 
         return VllmEngine(policy_folder, dtype=params.engine.dtype, context=params.model.context)
     model, _ = load_policy(policy_folder, device=device, dtype=params.engine.dtype)
-    return TorchEngine(model, tokenizer, device=device, dtype=params.engine.dtype, context=params.model.context,
-                       shared_prefill=params.engine.shared_prefill, row_threads=params.engine.row_threads)
+    return TorchEngine.from_config(model, tokenizer, params.engine, params.model.context, device=device)
 
 
 # ------------------------------------------------------------------------------------- the loop
