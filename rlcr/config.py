@@ -417,10 +417,11 @@ class EngineConfig:
     (rlcr/policy/torch_engine.py). The same outputs within float rounding; off by default so the tiny
     pipeline's committed bits do not move. vLLM's prefix caching does this itself and ignores it."""
     row_threads: int = 1
-    """Torch engine on CPU: a forward of at least 8 rows per share runs as this many shares of its rows at once, one
-    Python thread each at one intra-op thread, never more than the process's torch threads (a stage at one
-    thread, as `make repro`'s lanes run, splits nothing). Saves the wake-ups of torch's OpenMP workers in the
-    many small operations of a decode step (rlcr/policy/torch_engine.py). 1: off (the tiny pipeline's bits)."""
+    """Torch engine on CPU: a call of at least 8 prompts per group runs as this many row groups at once, each
+    its prompts' whole generation on its own cache, one Python thread each at one intra-op thread, never more
+    than the process's torch threads (a stage at one thread, as `make repro`'s lanes run, splits nothing).
+    Saves the wake-ups of torch's OpenMP workers in the many small operations of a decode step
+    (rlcr/policy/torch_engine.py). 1: off (the tiny pipeline's bits)."""
 
     def __post_init__(self) -> None:
         if self.row_threads < 1:

@@ -258,28 +258,35 @@ def test_cuda_engine_matches_cpu_recompute():
         assert (sequence_logprobs(model, p, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < LOGPROB_TOL
 
 
-def test_row_shares_give_the_full_recompute_and_run_on_threads(policy):
-    """`row_threads=2` (at 2 torch threads, 24 rows: shares of 12) gives what the model gives: greedy tokens of
-    a full recompute, logprobs of the trainer's forward, bit-identical across fresh engines; at 1 torch
-    thread, or too few rows, nothing is split."""
+def test_row_groups_give_the_full_recompute_and_run_on_threads(policy):
+    """`row_threads=2` (at 2 torch threads, 24 prompts: two groups) gives what the model gives: greedy tokens
+    of a full recompute, logprobs of the trainer's forward, bit-identical across fresh engines, and the prefix
+    cache holds the same sequences as an engine without groups; at 1 torch thread, or too few prompts,
+    nothing is split."""
     model, tok = policy
     ps = prompts(24, seed=21)
+    greedy_s = Sampling(temperature=0, max_new_tokens=16, ignore_eos=True)
+    plain = TorchEngine(model, tok, context=CTX, prefill_tokens=64)
+    plain_greedy = plain.generate(ps, greedy_s)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         one, two = (TorchEngine(model, tok, context=CTX, prefill_tokens=64, row_threads=2) for _ in range(2))
-        greedy = one.generate(ps, Sampling(temperature=0, max_new_tokens=16, ignore_eos=True))
+        assert one._groups(len(ps)) == 2
+        greedy = one.generate(ps, greedy_s)
         assert one._pool_size == 1 and torch.get_num_threads() == 2
+        assert [c.token_ids for c in greedy] == [c.token_ids for c in plain_greedy]
+        assert set(one.prefix_cache._entries) == set(plain.prefix_cache._entries)
         for p, c in zip(ps[:6], greedy[:6], strict=True):
             assert c.token_ids == greedy_by_recompute(model, p, 16)
         s = Sampling(temperature=1.0, max_new_tokens=20, seed=7)
         a = one.generate(ps, s)
         for p, c in zip(ps[:6], a[:6], strict=True):
             assert (sequence_logprobs(model, p, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < LOGPROB_TOL
-        two.generate(ps, Sampling(temperature=0, max_new_tokens=16, ignore_eos=True))
+        two.generate(ps, greedy_s)
         assert two.generate(ps, s) == a  # the same calls on a fresh engine: the same bits
         few = TorchEngine(model, tok, context=CTX, row_threads=2)
-        few.generate(ps[:15], s)  # 15 rows: no share of 8
+        few.generate(ps[:15], s)  # 15 prompts: no group of 8
         torch.set_num_threads(1)
         alone = TorchEngine(model, tok, context=CTX, row_threads=2)
         alone.generate(ps, s)
@@ -292,7 +299,7 @@ def test_row_shares_give_the_full_recompute_and_run_on_threads(policy):
 
 def test_from_config_builds_what_the_config_says_and_a_grown_pool_replaces_the_old(policy):
     """`TorchEngine.from_config` takes dtype, shared heads and row threads from an `EngineConfig` (the
-    device from it unless one is named); when a call needs more row shares than the pool has threads
+    device from it unless one is named); when a call needs more row groups than the pool has threads
     (the process's thread count grew), the old pool is shut down, not left behind."""
     model, tok = policy
     cfg = EngineConfig(shared_prefill=True, row_threads=3)

@@ -23,19 +23,21 @@ How it works:
 - Llama-family models run through our own forward (rlcr/policy/fast_llama.py: fused q/k/v and
   gate/up matmuls, fewer small operations; same results within float rounding); other models, or
   `fast_forward=False`, run the HF model's forward with the same cache and mask.
-- Row shares (`row_threads=n`, off at 1; CPU only): a forward of at least 8n rows runs as n shares of
-  the rows at once, one Python thread each at one intra-op thread (never more shares than the process's
-  torch threads). Why: under OMP_WAIT_POLICY=PASSIVE (rlcr/env.py) torch's OpenMP workers sleep after every
-  parallel operation and waking them costs ~0.1-0.3 ms, and a decode step of a 30-layer model has
-  ~450 operations, most of them small; threads that each own a share of the rows never wait for one
-  another inside a step. Each share computes its rows as a smaller batch would (same values within
-  float rounding, deterministic for the same calls).
+- Row groups (`row_threads=n`, off at 1; CPU only): a call of at least 8n prompts runs as n groups of
+  them at once, each the whole call's work (prefill, decode, sampling) on its own cache, one Python
+  thread each at one intra-op thread (never more groups than the process's torch threads). Why: under
+  OMP_WAIT_POLICY=PASSIVE (rlcr/env.py) torch's OpenMP workers sleep after every parallel operation and
+  waking them costs ~0.1-0.3 ms, and a decode step of a 30-layer model has ~450 operations, most of them
+  small; threads that each own a group never wait for one another. The prompts are sorted by length
+  before they are cut, so each group pads to its own longest. Each group computes its rows as a smaller
+  batch would (same values within float rounding) and samples with a seed of its own; deterministic for
+  the same calls at the same thread count.
 - Stop detection runs on token ids, vectorised over the batch: a vocabulary mask of tokens that end
   a completion (eos, stop ids, any token whose text contains a stop string) plus a comparison of
   the last k tokens with each stop string's token sequence. Finished rows are dropped from the
   batch (the cache is compacted) once they are an eighth of it, so short answers stop costing.
-- Sampling uses one torch.Generator seeded per call, and rows draw in the caller's order, so what
-  a prompt samples does not depend on how cache hits reorder the batch.
+- Sampling uses one torch.Generator seeded per call (per row group), and rows draw in the caller's
+  order, so what a prompt samples does not depend on how cache hits reorder the batch.
 
 Determinism: the same engine state (a fresh engine, or the same sequence of calls since it was
 built or its weights changed) + the same prompts + the same Sampling -> bit-identical outputs.
@@ -58,6 +60,7 @@ memory between cached sequences with a common prefix (each stores its own copy).
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -71,7 +74,7 @@ from rlcr.policy.models import DTYPES, load_policy
 from rlcr.policy.prefix_cache import PrefixCache, shared_heads
 
 _RUNNING, _STOP, _LENGTH, _CONTEXT = 0, 1, 2, 3
-MIN_SHARE_ROWS = 8  # row_threads: a forward splits only into shares of at least this many rows
+MIN_SHARE_ROWS = 8  # row_threads: a call splits only into row groups of at least this many prompts
 _REASONS = {_STOP: "stop", _LENGTH: "length", _CONTEXT: "context"}
 
 
@@ -106,22 +109,6 @@ class _SlotLayer(DynamicLayer):
     def keep_rows(self, index: torch.Tensor) -> None:
         self.kbuf, self.vbuf = self.kbuf[index], self.vbuf[index]
 
-    def share(self, lo: int, hi: int) -> _SlotLayer:
-        """Rows [lo, hi) of the current window as a layer of their own: the same buffers, columns and
-        window, so one thread's forward of those rows reads and writes exactly where the whole one would."""
-        part = _SlotLayer.__new__(_SlotLayer)
-        part.__dict__.update(self.__dict__)
-        start = self.rows.start or 0
-        part.rows = slice(start + lo, start + hi)
-        return part
-
-
-class _RowShare:
-    """A cache made of `_SlotLayer.share`s: what FastLlama reads of a cache (its `layers`)."""
-
-    def __init__(self, layers: list[_SlotLayer]):
-        self.layers = layers
-
 
 class _SlotCache(Cache):
     def __init__(self, num_layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int,
@@ -140,10 +127,6 @@ class _SlotCache(Cache):
         for layer in self.layers:
             layer.keep_rows(index)
 
-    def share(self, lo: int, hi: int) -> _RowShare:
-        """Rows [lo, hi) of the current window, every layer (`_SlotLayer.share`)."""
-        return _RowShare([layer.share(lo, hi) for layer in self.layers])
-
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         """A copy of row `row`'s K/V at columns [start, end): (layers, 2, kv_heads, n, head_dim)."""
         k0 = self.layers[0].kbuf
@@ -159,6 +142,11 @@ class _SlotCache(Cache):
         for i, layer in enumerate(self.layers):
             layer.kbuf[row, :, start:end] = kv[i, 0]
             layer.vbuf[row, :, start:end] = kv[i, 1]
+
+
+def _group_seed(seed: int, g: int) -> int:
+    """The sampling seed of row group g of a call seeded `seed` (group 0 keeps it)."""
+    return seed if g == 0 else hash((seed, g)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,18 +299,13 @@ class TorchEngine:
         B = len(prompt_token_ids)
         if B == 0:
             return []
-        dev, ctx, max_new = self.device, self.context, sampling.max_new_tokens
-        keep = max(1, ctx - max_new)  # prompt tokens kept at most
+        keep = max(1, self.context - sampling.max_new_tokens)  # prompt tokens kept at most
         prompts, dropped = [], []
         for i, p in enumerate(prompt_token_ids):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty: it needs at least one token (e.g. bos)")
             prompts.append(list(p[-keep:]))
             dropped.append(max(0, len(p) - keep))
-        lens = torch.tensor([len(p) for p in prompts])
-        L = int(lens.max())
-        budget = torch.clamp(ctx - lens, max=max_new)  # (B,) tokens each row may generate
-        steps = int(budget.max())
 
         # prefix reuse: each prompt's longest stored prefix; its last token is always run (its logits)
         store = self.prefix_cache
@@ -331,10 +314,88 @@ class TorchEngine:
         if self.shared_prefill and B > 1:
             self._prefill_heads(prompts)
         hits = [store.lookup(p, len(p) - 1) if store is not None else (None, 0) for p in prompts]
+        reused = sum(m for _, m in hits)
+        self.prompt_tokens += sum(len(p) for p in prompts)
+        self.reused_tokens += reused
+        self.prefilled_tokens += sum(len(p) for p in prompts) - reused
+        self._rules(sampling)  # built here, not by two groups at once
+
+        n = self._groups(B)
+        if n == 1:
+            done = self._complete(prompts, hits, sampling, None)
+        else:
+            done = self._complete_groups(prompts, hits, sampling, n)
+        return [Completion(t, lp, reason, d) for (t, lp, reason), d in zip(done, dropped, strict=True)]
+
+    def _groups(self, rows: int) -> int:
+        """Row groups a call of `rows` prompts runs as (`row_threads`): 1 off CPU, without our own forward,
+        at one torch thread, or with fewer than MIN_SHARE_ROWS rows a group."""
+        if self.fast is None or self.device.type != "cpu":
+            return 1
+        return max(1, min(self.row_threads, torch.get_num_threads(), rows // MIN_SHARE_ROWS))
+
+    def _complete_groups(self, prompts: list[list[int]], hits: list, sampling: Sampling,
+                         n: int) -> list[tuple[list[int], list[float], str]]:
+        """`_complete` on n groups of the prompts at once, one Python thread each at one intra-op thread
+        (this one runs the first): the prompts sorted by length and cut into runs of about equal
+        work (a row's length, for its attention, plus the mean length, for its share of the matmuls), so
+        a group pads its rows to its own longest; group g samples with seed (seed, g). The
+        sequences the groups finish are stored in the prefix cache after all of them end, group by
+        group (the cache is not touched while they run: the same calls give the same cache)."""
+        if self._pool_size < n - 1:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)  # idle between calls: its threads end
+            self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="rlcr-rows", initializer=torch.set_num_threads,
+                                            initargs=(1,))
+            self._pool_size = n - 1
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        mean = sum(len(p) for p in prompts) / len(prompts)
+        weight = [len(prompts[i]) + mean for i in order]  # its attention, and about as much again of matmuls
+        total, run, cuts = sum(weight), 0, [0]
+        for k, w in enumerate(weight):  # cut where the running total passes g/n of it
+            run += w
+            if len(cuts) < n and run * n >= total * len(cuts) and len(order) - (k + 1) >= MIN_SHARE_ROWS \
+                    and k + 1 - cuts[-1] >= MIN_SHARE_ROWS:
+                cuts.append(k + 1)
+        cuts.append(len(order))
+        groups = [order[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+        kept: list[list] = [[] for _ in groups]
+
+        def run_group(g: int) -> list:
+            with torch.inference_mode():
+                idx = groups[g]
+                return self._complete([prompts[i] for i in idx], [hits[i] for i in idx],
+                                      replace(sampling, seed=_group_seed(sampling.seed, g)), kept[g])
+
+        futures = [self._pool.submit(run_group, g) for g in range(1, len(groups))]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            outs = [run_group(0)]
+        finally:
+            torch.set_num_threads(threads)
+        outs += [f.result() for f in futures]
+        if self.prefix_cache is not None:
+            for part in kept:
+                for tokens, kv in part:
+                    self.prefix_cache.insert(tokens, kv)
+        done: list = [None] * len(prompts)
+        for idx, out in zip(groups, outs, strict=True):
+            for i, o in zip(idx, out, strict=True):
+                done[i] = o
+        return done
+
+    def _complete(self, prompts: list[list[int]], hits: list, sampling: Sampling,
+                  kept: list | None) -> list[tuple[list[int], list[float], str]]:
+        """(tokens, logprobs, finish reason) of each prompt (already clipped to the context), its cache
+        hit given; the sequences it finishes go into the prefix cache, or onto `kept` to be stored later."""
+        B = len(prompts)
+        dev, ctx, max_new = self.device, self.context, sampling.max_new_tokens
+        lens = torch.tensor([len(p) for p in prompts])
+        L = int(lens.max())
+        budget = torch.clamp(ctx - lens, max=max_new)  # (B,) tokens each row may generate
+        steps = int(budget.max())
         fresh = lens - torch.tensor([m for _, m in hits])  # (B,) tokens to prefill
-        self.prompt_tokens += int(lens.sum())
-        self.reused_tokens += int((lens - fresh).sum())
-        self.prefilled_tokens += int(fresh.sum())
 
         # left-padded prompt matrix, rows with the most fresh tokens first so prefill chunks pad little
         order = torch.argsort(fresh * (L + 1) + lens, descending=True, stable=True)
@@ -412,7 +473,7 @@ class TorchEngine:
             if s + 1 == steps or not bool(alive.any()):
                 break
             if int((~alive).sum()) * 8 >= rows.numel():  # drop finished rows, compact the cache
-                self._remember(cache, (~alive).nonzero()[:, 0], rows, sorted_prompts, out_tok, n_out, L)
+                self._remember(cache, (~alive).nonzero()[:, 0], rows, sorted_prompts, out_tok, n_out, L, kept)
                 idx = alive.nonzero()[:, 0]
                 cache.keep_rows(idx)
                 rows, tok, alive = rows[idx], tok[idx], alive[idx]
@@ -422,7 +483,7 @@ class TorchEngine:
             cache.set_window(slice(0, b), 0, L + s)
             mask = valid[rows, None, None, : L + s + 1]  # (b, 1, 1, kv)
             logits = self._forward(tok[:, None], positions[rows, L + s : L + s + 1], mask, cache)
-        self._remember(cache, torch.arange(rows.numel(), device=dev), rows, sorted_prompts, out_tok, n_out, L)
+        self._remember(cache, torch.arange(rows.numel(), device=dev), rows, sorted_prompts, out_tok, n_out, L, kept)
 
         # back to the caller's order
         inv = torch.empty_like(order)
@@ -432,7 +493,7 @@ class TorchEngine:
         result = []
         for i in range(B):
             r = int(inv[i])
-            result.append(Completion(toks[r][: n_out[r]], lps[r][: n_out[r]], _REASONS[reason[r]], dropped[i]))
+            result.append((toks[r][: n_out[r]], lps[r][: n_out[r]], _REASONS[reason[r]]))
         return result
 
     def _prefill_heads(self, prompts: list[list[int]]) -> None:
@@ -446,55 +507,28 @@ class TorchEngine:
             self.generate(heads, Sampling(temperature=0.0, max_new_tokens=1))
             self.prompt_tokens, self.reused_tokens = counted
 
-    def _remember(self, cache: _SlotCache, batch_rows: torch.Tensor, rows: torch.Tensor,
-                  sorted_prompts: list[list[int]], out_tok: torch.Tensor, n_out: torch.Tensor, L: int) -> None:
-        """Store the finished `batch_rows` of the cache in the prefix cache: each row's prompt and the
-        generated tokens fed after it (all but the last one, which was sampled and never run)."""
+    def _remember(self, cache: _SlotCache, batch_rows: torch.Tensor, rows: torch.Tensor, sorted_prompts: list[list[int]],
+                  out_tok: torch.Tensor, n_out: torch.Tensor, L: int, kept: list | None) -> None:
+        """Store the finished `batch_rows` of the cache in the prefix cache (or, a group's, onto `kept`):
+        each row's prompt and the generated tokens fed after it (all but the last one, sampled, never run)."""
         if self.prefix_cache is None:
             return
         sorted_rows = rows[batch_rows]
         fed, gen = (n_out[sorted_rows] - 1).tolist(), out_tok[sorted_rows].tolist()
         for b, r, n, g in zip(batch_rows.tolist(), sorted_rows.tolist(), fed, gen, strict=True):
             tokens = sorted_prompts[r] + g[:n]
-            if tokens not in self.prefix_cache:
+            if kept is not None:  # stored after the call (insert skips one already there then)
+                kept.append((tokens, cache.read(b, L - len(sorted_prompts[r]), L + n)))
+            elif tokens not in self.prefix_cache:
                 self.prefix_cache.insert(tokens, cache.read(b, L - len(sorted_prompts[r]), L + n))
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: _SlotCache) -> torch.Tensor:
         """Logits (b, V) of each row's last position; `mask` (b, 1, q, kv) bool, True = may attend."""
         if self.fast is not None:
-            n = min(self.row_threads, torch.get_num_threads(), ids.shape[0] // MIN_SHARE_ROWS) if self.device.type == "cpu" else 1
-            return self._forward_shares(n, ids, positions, mask, cache) if n > 1 else self.fast(ids, positions, mask, cache)
+            return self.fast(ids, positions, mask, cache)
         out = self.model(input_ids=ids, attention_mask=self._mask(mask), position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
-
-    def _forward_shares(self, n: int, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                        cache: _SlotCache) -> torch.Tensor:
-        """`self.fast` on n shares of the rows at once, one Python thread each at one intra-op thread
-        (this one takes the first share), so no OpenMP team is woken for each of a step's ~450 small
-        operations (`row_threads` in the module docstring)."""
-        if self._pool_size < n - 1:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)  # idle between calls: its threads end
-            self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="rlcr-rows", initializer=torch.set_num_threads,
-                                            initargs=(1,))
-            self._pool_size = n - 1
-        b = ids.shape[0]
-        cut = [b * i // n for i in range(n + 1)]
-        jobs = [(slice(lo, hi), cache.share(lo, hi)) for lo, hi in zip(cut, cut[1:], strict=False)]
-
-        def run(rows: slice, part: _RowShare) -> torch.Tensor:
-            with torch.inference_mode():
-                return self.fast(ids[rows], positions[rows], mask[rows], part)
-
-        futures = [self._pool.submit(run, rows, part) for rows, part in jobs[1:]]
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            first = run(*jobs[0])
-        finally:
-            torch.set_num_threads(threads)
-        return torch.cat([first, *(f.result() for f in futures)])
 
     def _mask(self, mask: torch.Tensor) -> torch.Tensor:
         """A boolean (b, 1, q, kv) mask in the form the model's attention takes."""
