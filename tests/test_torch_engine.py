@@ -318,3 +318,77 @@ def test_from_config_builds_what_the_config_says_and_a_grown_pool_replaces_the_o
         assert engine._pool_size == 2 and engine._pool is not first and first._shutdown
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_head_every_row_shares_is_attended_once_and_gives_the_full_recompute(policy):
+    """`head_once`: a call whose prompts all open with the same cached head keeps its keys/values once
+    (rows hold what follows it) and every row attends to it first. In fp32 (forced on; off by default
+    there) greedy tokens equal a full recompute, logprobs the trainer's forward, and the prefix cache
+    stores the same whole sequences with the same keys/values as an engine that copies the head into
+    every row; with row groups too. On by default in bf16 only."""
+    model, tok = policy
+    rng = random.Random(31)
+    head = [1] + [rng.randrange(4, 101) for _ in range(33)]
+    ps = [head + [rng.randrange(4, 101) for _ in range(rng.randint(1, 20))] for _ in range(20)]
+    greedy_s, s = Sampling(temperature=0, max_new_tokens=16, ignore_eos=True), Sampling(temperature=1.0, max_new_tokens=16, seed=4)
+    copied = TorchEngine(model, tok, context=CTX, prefill_tokens=64, shared_prefill=True)
+    once = TorchEngine(model, tok, context=CTX, prefill_tokens=64, shared_prefill=True, head_once=True)
+    assert not copied.head_once and once.head_once
+    heads = []
+    length = once._head_length
+    once._head_length = lambda p, h: heads.append(length(p, h)) or heads[-1]
+    for engine in (copied, once):
+        engine.generate(ps, greedy_s)  # the second call reads whole sequences of the first from the cache
+    assert heads[-1] == len(head) and all(n >= 16 for n in heads[1:])
+    for p, c in zip(ps[:8], once.generate(ps, greedy_s)[:8], strict=True):
+        assert c.token_ids == greedy_by_recompute(model, p, 16)
+    for p, c in zip(ps, once.generate(ps, s), strict=True):
+        assert (sequence_logprobs(model, p, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < LOGPROB_TOL
+    copied.generate(ps, greedy_s), copied.generate(ps, s)
+    assert set(once.prefix_cache._entries) == set(copied.prefix_cache._entries)
+    for tokens, entry in once.prefix_cache._entries.items():
+        assert (entry.kv - copied.prefix_cache._entries[tokens].kv).abs().max() < 1e-5
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grouped = TorchEngine(model, tok, context=CTX, prefill_tokens=64, shared_prefill=True, head_once=True, row_threads=2)
+        grouped.generate(ps, greedy_s)
+        assert [c.token_ids for c in grouped.generate(ps, greedy_s)] == [greedy_by_recompute(model, p, 16) for p in ps]
+    finally:
+        torch.set_num_threads(threads)
+    assert TorchEngine(model, tok, context=CTX, dtype="bfloat16").head_once
+
+
+def test_prefill_chunks_greedy_fill_or_least_cost():
+    """Greedy: as many rows as fit the token budget at the first row's width. Planned: a long row no longer
+    pads many short ones to its width, a forward's fixed cost keeps similar rows together, and no chunk
+    passes the budget unless one row alone does."""
+    from rlcr.policy.torch_engine import prefill_chunks
+
+    fresh = [133] + [60] * 30
+    assert prefill_chunks(fresh, 4096, None) == [(0, 30), (30, 31)]
+    assert prefill_chunks(fresh, 4096, 48) == [(0, 1), (1, 31)]
+    assert prefill_chunks([40] * 100, 4096, 48) == [(0, 100)]
+    assert prefill_chunks([61, 60, 59, 58], 4096, 48) == [(0, 4)]  # padding 6 tokens < a forward's cost
+    assert prefill_chunks([5000, 3000, 10, 10], 4096, 48) == [(0, 1), (1, 2), (2, 4)]
+    for plan in (prefill_chunks(fresh, 1000, 48), prefill_chunks(fresh, 1000, None)):
+        assert all((b - a) * fresh[a] <= 1000 for a, b in plan)
+        assert [a for a, _ in plan][1:] == [b for _, b in plan][:-1] and plan[0][0] == 0 and plan[-1][1] == 31
+
+
+def test_cut_groups_make_the_costliest_group_cheapest():
+    from rlcr.policy.torch_engine import cut_groups
+
+    assert cut_groups([10] * 32, 2, 8, 64) == [0, 16, 32]  # equal rows: equal halves
+    # a few long rows: the group that holds them pads every row to them, so it takes fewer rows
+    lengths = [20] * 40 + [120] * 8
+    a, cut, b = cut_groups(lengths, 2, 8, 64)
+
+    def cost(i, j):
+        return (j - i) * (lengths[j - 1] + 64)
+
+    assert (a, b) == (0, 48) and 48 - cut < cut
+    assert max(cost(0, cut), cost(cut, 48)) == min(max(cost(0, k), cost(k, 48)) for k in range(8, 41))
+    assert cut_groups(list(range(30)), 3, 8, 10)[1:3] == [13, 22]
+    three = cut_groups(list(range(40)), 3, 8, 0)
+    assert three[0] == 0 and three[-1] == 40 and all(y - x >= 8 for x, y in zip(three, three[1:], strict=False))

@@ -121,7 +121,7 @@ class FastLlama:
         return blocked.view(b, 1, 1, capacity)
 
     def _decode_attention(self, query: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
-                          blocked: torch.Tensor) -> torch.Tensor:
+                          blocked: torch.Tensor, head: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Attention of one query per row (a decode step) in bf16/fp16, on the cache's whole buffers.
 
         query (b, heads, 1, d); kbuf, vbuf (b, kv_heads, capacity, d) contiguous (every column the
@@ -134,18 +134,34 @@ class FastLlama:
         cache's strided window copies it first; the whole buffer is one packed batch. Scores laid out
         (group, capacity) rather than (capacity, group): softmax over a strided dimension took 0.62 ms
         against 0.14 (b 64, 3 kv heads, 460 keys), the whole layer 3.40 -> 2.37 ms, the same values.
-        fp32 keeps SDPA (the tiny policy's bits)."""
+        fp32 keeps SDPA (the tiny policy's bits). (Reading only the written columns, a window of the
+        buffers, was measured too: the batched matmuls copy such windows first, 0.6 ms a layer at 30 rows.)
+
+        head: keys and values (kv_heads, m, d) every row attends to before its own buffer (the call's shared
+        head, stored once: `_SlotCache.set_head`). Its scores are one matmul per key/value head over all
+        rows' queries (the head's keys read once, not once a row), softmaxed together with the row's own."""
         b, h, _, d = query.shape
         kvh, cap = kbuf.shape[1], kbuf.shape[2]
+        g = h // kvh
         keys, values = kbuf.view(b * kvh, cap, d), vbuf.view(b * kvh, cap, d)
-        scores = torch.bmm(query.reshape(b * kvh, h // kvh, d), keys.transpose(1, 2))  # (b kv_heads, group, cap)
-        scores = scores.view(b, kvh, -1, cap).float().mul_(self.scale).masked_fill_(blocked, float("-inf"))
-        weights = torch.softmax(scores, -1).to(query.dtype).view(b * kvh, -1, cap)
-        return torch.bmm(weights, values).view(b, h, 1, d)
+        scores = torch.bmm(query.reshape(b * kvh, g, d), keys.transpose(1, 2))  # (b kv_heads, group, cap)
+        scores = scores.view(b, kvh, g, cap).float().mul_(self.scale).masked_fill_(blocked, float("-inf"))
+        if head is None:
+            weights = torch.softmax(scores, -1).to(query.dtype).view(b * kvh, g, cap)
+            return torch.bmm(weights, values).view(b, h, 1, d)
+        hk, hv = head
+        m = hk.shape[1]
+        per_kv = query.reshape(b, kvh, g, d).transpose(0, 1).reshape(kvh, b * g, d)  # every row's queries of a kv head
+        shared = torch.bmm(per_kv, hk.transpose(1, 2)).view(kvh, b, g, m).transpose(0, 1).float().mul_(self.scale)
+        weights = torch.softmax(torch.cat([shared, scores], -1), -1).to(query.dtype)  # (b, kv_heads, group, m + cap)
+        out = torch.bmm(weights[..., m:].reshape(b * kvh, g, cap), values).view(b, kvh, g, d)
+        out += torch.bmm(weights[..., :m].transpose(0, 1).reshape(kvh, b * g, m), hv).view(kvh, b, g, d).transpose(0, 1)
+        return out.view(b, h, 1, d)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """ids, positions: (b, q); mask: (b, 1, q, kv) bool, True = may attend; cache: the engine's
-        slot cache, whose layers store this call's keys/values and return the window to attend to."""
+        slot cache, whose layers store this call's keys/values and return the window to attend to (after
+        the shared head, when the cache has one: every query attends to it, `mask` covers the window)."""
         body = self.model.model
         b, q = ids.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
@@ -154,14 +170,19 @@ class FastLlama:
         blocked = None  # bf16/fp16 decode: every layer attends on its whole buffers (one window for all)
         if q == 1 and x.dtype != torch.float32 and (whole := cache.layers[0].whole()) is not None:
             blocked = self.decode_blocked(mask, whole[0].shape[2])
+        elif cache.layers[0].head is not None:  # the shared head's columns come first, open to every query
+            mask = torch.cat([mask.new_ones(b, 1, q, cache.layers[0].head[0].shape[1]), mask], -1)
         for layer, (w_qkv, w_o, w_gu, w_down), slot in zip(body.layers, self.weights, cache.layers, strict=True):
             qkv = self._linear(self._norm(x, layer.input_layernorm.weight), w_qkv).view(b, q, h + 2 * kvh, d)
             qkv = qkv.transpose(1, 2)  # (b, heads, q, d)
             k, v = slot.update(self._rotate(qkv[:, h : h + kvh], cos, sin), qkv[:, h + kvh :])
             query = self._rotate(qkv[:, :h], cos, sin)
             if blocked is not None:
-                o = self._decode_attention(query, *slot.whole(), blocked)
+                o = self._decode_attention(query, *slot.whole(), blocked, slot.head)
             else:
+                if slot.head is not None:
+                    k = torch.cat([slot.head[0].expand(b, -1, -1, -1), k], 2)
+                    v = torch.cat([slot.head[1].expand(b, -1, -1, -1), v], 2)
                 o = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=self.scale, enable_gqa=self.gqa)
             x = x + self._linear(o.transpose(1, 2).reshape(b, q, h * d), w_o)
             gate, up = self._linear(self._norm(x, layer.post_attention_layernorm.weight), w_gu).split(self.inter, -1)

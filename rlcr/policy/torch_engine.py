@@ -12,9 +12,20 @@ How it works:
   and stored first (`prefix_cache.shared_heads`), then read it like any stored prefix. Off by
   default: the reused keys/values come from another batch shape, so outputs move within float
   rounding (see Determinism), and the default tiny pipeline's committed bits stay as they are.
+- A head attended once (`head_once`, on by default in bf16/fp16): when every prompt of a call (of a row
+  group) opens with the same tokens that every prompt's cache hit holds, at least MIN_HEAD_TOKENS of
+  them, their keys/values are kept once for the call (`_SlotCache.set_head`), each row's buffer holds
+  only what follows, and every query attends to the head first: in a decode step one matmul per
+  key/value head over all rows' queries reads the head's keys once instead of once a row
+  (rlcr/policy/fast_llama.py). The smollm2 company's observations open with a ~350-token system
+  prompt: 92% of a decode row's keys were its call's common head (64 episodes). Sequences stored in the
+  prefix cache are whole (head + row), as without it. Off by default in fp32, so the tiny pipeline's
+  committed bits do not move; the same tokens and logprobs within float rounding where it is on.
 - Prompts are sorted by fresh (not reused) tokens and prefilled in chunks of about `prefill_tokens`
   tokens; a chunk's rows all run their last `width` columns (the chunk's most fresh tokens), so a
-  row with fewer fresh tokens recomputes a few cached ones (or pads, if shorter). Rows sit
+  row with fewer fresh tokens recomputes a few cached ones (or pads, if shorter). With
+  `planned_chunks` (on by default in bf16/fp16) the chunks are the plan of least modelled cost
+  (`prefill_chunks`), so one long row does not pad many short ones to its width. Rows sit
   right-aligned in one preallocated KV cache of shape (B, heads, L + max_new_tokens, head_dim) per
   layer, L the longest prompt.
 - Decoding feeds one token per active row per step; new keys/values are written in place (no
@@ -29,7 +40,8 @@ How it works:
   OMP_WAIT_POLICY=PASSIVE (rlcr/env.py) torch's OpenMP workers sleep after every parallel operation and
   waking them costs ~0.1-0.3 ms, and a decode step of a 30-layer model has ~450 operations, most of them
   small; threads that each own a group never wait for one another. The prompts are sorted by length
-  before they are cut, so each group pads to its own longest. Each group computes its rows as a smaller
+  and cut where the costliest group is cheapest (`cut_groups`), so each group pads to its own longest
+  and the group of the long prompts takes fewer of them. Each group computes its rows as a smaller
   batch would (same values within float rounding) and samples with a seed of its own; deterministic for
   the same calls at the same thread count.
 - Stop detection runs on token ids, vectorised over the batch: a vocabulary mask of tokens that end
@@ -71,10 +83,18 @@ from rlcr.config import EngineConfig
 from rlcr.policy.engine import Completion, Sampling, pad_token_id
 from rlcr.policy.fast_llama import FastLlama, unsupported
 from rlcr.policy.models import DTYPES, load_policy
-from rlcr.policy.prefix_cache import PrefixCache, shared_heads
+from rlcr.policy.prefix_cache import PrefixCache, common_prefix_length, shared_heads
 
 _RUNNING, _STOP, _LENGTH, _CONTEXT = 0, 1, 2, 3
 MIN_SHARE_ROWS = 8  # row_threads: a call splits only into row groups of at least this many prompts
+MIN_HEAD_TOKENS = 16  # a call's rows attend to their common cached head once (bf16/fp16) from this length on
+# planned prefill chunks: a forward's fixed cost in prefilled tokens (SmolLM2 bf16, one thread: a chunk takes
+# ~30 ms + ~0.65 ms a token, measured at 1-32 rows x 16-128 tokens)
+CHUNK_OVERHEAD_TOKENS = 48
+# row groups: a row's work besides its attention, in attended columns (`cut_groups`), fitted on 64 smollm2
+# company episodes in bf16 at 2 row threads: at 24 the group given the most rows ran ~1.4 s longer a call,
+# with equal rows the group of the longest prompts ~1.6 s longer, at 64 the two within ~0.5 s
+ROW_COLUMNS = 64
 _REASONS = {_STOP: "stop", _LENGTH: "length", _CONTEXT: "context"}
 
 
@@ -86,6 +106,7 @@ class _SlotLayer(DynamicLayer):
         self.kbuf, self.vbuf = kbuf, vbuf  # (B, kv_heads, capacity, head_dim)
         self.dtype, self.device, self.is_initialized = kbuf.dtype, kbuf.device, True
         self.rows, self.read_from, self.write_at = slice(0, kbuf.shape[0]), 0, 0
+        self.head: tuple[torch.Tensor, torch.Tensor] | None = None  # the call's shared head, (kv_heads, n, head_dim) each
 
     def update(self, key_states, value_states, *args, **kwargs):
         end = self.write_at + key_states.shape[-2]
@@ -118,6 +139,14 @@ class _SlotCache(Cache):
             _SlotLayer(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(num_layers)
         ])
+        self.head_tokens: list[int] = []
+
+    def set_head(self, tokens: list[int], kv: torch.Tensor) -> None:
+        """Keys/values of a head that every row's prompt starts with (kv: layers, 2, kv_heads, n, head_dim), kept
+        once: each row's buffer then holds only what follows it, and attention reads it first (fast_llama)."""
+        self.head_tokens = list(tokens)
+        for i, layer in enumerate(self.layers):
+            layer.head = (kv[i, 0].contiguous(), kv[i, 1].contiguous())
 
     def set_window(self, rows: slice, read_from: int, write_at: int) -> None:
         for layer in self.layers:
@@ -128,12 +157,16 @@ class _SlotCache(Cache):
             layer.keep_rows(index)
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
-        """A copy of row `row`'s K/V at columns [start, end): (layers, 2, kv_heads, n, head_dim)."""
-        k0 = self.layers[0].kbuf
-        kv = k0.new_empty(len(self.layers), 2, k0.shape[1], end - start, k0.shape[-1])
+        """A copy of the shared head's K/V (if any) and row `row`'s at columns [start, end):
+        (layers, 2, kv_heads, head + end - start, head_dim)."""
+        k0, h = self.layers[0].kbuf, len(self.head_tokens)
+        kv = k0.new_empty(len(self.layers), 2, k0.shape[1], h + end - start, k0.shape[-1])
         for i, layer in enumerate(self.layers):
-            kv[i, 0].copy_(layer.kbuf[row, :, start:end])
-            kv[i, 1].copy_(layer.vbuf[row, :, start:end])
+            if h:
+                kv[i, 0, :, :h].copy_(layer.head[0])
+                kv[i, 1, :, :h].copy_(layer.head[1])
+            kv[i, 0, :, h:].copy_(layer.kbuf[row, :, start:end])
+            kv[i, 1, :, h:].copy_(layer.vbuf[row, :, start:end])
         return kv
 
     def write(self, row: int, start: int, kv: torch.Tensor) -> None:
@@ -142,6 +175,58 @@ class _SlotCache(Cache):
         for i, layer in enumerate(self.layers):
             layer.kbuf[row, :, start:end] = kv[i, 0]
             layer.vbuf[row, :, start:end] = kv[i, 1]
+
+
+def prefill_chunks(fresh: list[int], max_tokens: int, overhead: int | None) -> list[tuple[int, int]]:
+    """Consecutive row ranges [r0, r1) to prefill together, for rows sorted by fresh tokens, most first; a
+    chunk runs every row at its first row's width. overhead None: greedy, as many rows as fit
+    `max_tokens` at that width. Else the plan of least cost, a chunk costing `overhead` (a forward's
+    fixed cost, in tokens) plus its rows x width, no chunk over `max_tokens` unless one row alone
+    (dynamic programming over the cut points: a long row no longer pads many short ones to its width)."""
+    n = len(fresh)
+    if overhead is None:
+        chunks, r0 = [], 0
+        while r0 < n:
+            r1 = min(n, r0 + max(1, max_tokens // fresh[r0]))
+            chunks.append((r0, r1))
+            r0 = r1
+        return chunks
+    best, cut = [0] + [None] * n, [0] * (n + 1)  # best[j]: least cost of rows [0, j); cut[j]: its last chunk's start
+    for j in range(1, n + 1):
+        for i in range(j - 1, -1, -1):
+            if i < j - 1 and (j - i) * fresh[i] > max_tokens:
+                break  # fresh[i] only grows as i falls: wider chunks do not fit either
+            cost = best[i] + overhead + (j - i) * fresh[i]
+            if best[j] is None or cost < best[j]:
+                best[j], cut[j] = cost, i
+    chunks, j = [], n
+    while j > 0:
+        chunks.append((cut[j], j))
+        j = cut[j]
+    return chunks[::-1]
+
+
+def cut_groups(lengths: list[int], n: int, min_rows: int, extra: int) -> list[int]:
+    """Cuts [0, c1, ..., len(lengths)] of rows sorted by length (shortest first) into n consecutive groups of
+    at least `min_rows` rows, those whose costliest group is cheapest; a group costs its rows x (its longest
+    length + extra): each decode step every row attends over its group's padded buffer (the longest prompt
+    and the tokens to generate), and `extra` also holds a row's share of the other per-row work. The groups
+    run at once, so the call lasts as long as its costliest group (a step's matmuls cost every group the
+    same and leave the cuts as they are). Dynamic programming over the cut points."""
+    B, inf = len(lengths), float("inf")
+    best = [[inf] * (B + 1) for _ in range(n + 1)]  # best[g][j]: rows [0, j) in g groups, costliest group
+    back = [[0] * (B + 1) for _ in range(n + 1)]
+    best[0][0] = 0
+    for g in range(1, n + 1):
+        for j in range(g * min_rows, B + 1):
+            for i in range((g - 1) * min_rows, j - min_rows + 1):
+                cost = max(best[g - 1][i], (j - i) * (lengths[j - 1] + extra))
+                if cost < best[g][j]:
+                    best[g][j], back[g][j] = cost, i
+    cuts = [B]
+    for g in range(n, 0, -1):
+        cuts.append(back[g][cuts[-1]])
+    return cuts[::-1]
 
 
 def _group_seed(seed: int, g: int) -> int:
@@ -201,7 +286,7 @@ class TorchEngine:
     def __init__(self, model, tokenizer, device: str = "cpu", dtype: str = "float32",
                  context: int | None = None, prefill_tokens: int | None = None,
                  prefix_cache_bytes: int = 2**30, fast_forward: bool = True, shared_prefill: bool = False,
-                 row_threads: int = 1):
+                 row_threads: int = 1, head_once: bool | None = None, planned_chunks: bool | None = None):
         if model.config._attn_implementation not in ("sdpa", "eager"):
             model.set_attn_implementation("sdpa")  # we pass a 4-D mask, which flash kernels do not take
         self.model = model.to(device=device, dtype=DTYPES[dtype]).eval()
@@ -222,6 +307,10 @@ class TorchEngine:
         # our own forward for Llama-family models (rlcr/policy/fast_llama.py); others run the HF forward
         self.fast = FastLlama(self.model) if fast_forward and unsupported(self.model) is None else None
         self.shared_prefill = shared_prefill and self.prefix_cache is not None
+        # rows attend to their call's common cached head once (`_head_length`); default: bf16/fp16 only
+        self.head_once = self.fast is not None and (self.model.dtype != torch.float32 if head_once is None else head_once)
+        # prefill chunks of least modelled cost (`prefill_chunks`); default: bf16/fp16 only (fp32: greedy chunks)
+        self.planned_chunks = self.model.dtype != torch.float32 if planned_chunks is None else planned_chunks
         if row_threads < 1:
             raise ValueError(f"row_threads must be >= 1, got {row_threads}")
         self.row_threads = row_threads
@@ -337,11 +426,10 @@ class TorchEngine:
     def _complete_groups(self, prompts: list[list[int]], hits: list, sampling: Sampling,
                          n: int) -> list[tuple[list[int], list[float], str]]:
         """`_complete` on n groups of the prompts at once, one Python thread each at one intra-op thread
-        (this one runs the first): the prompts sorted by length and cut into runs of about equal
-        work (a row's length, for its attention, plus the mean length, for its share of the matmuls), so
-        a group pads its rows to its own longest; group g samples with seed (seed, g). The
-        sequences the groups finish are stored in the prefix cache after all of them end, group by
-        group (the cache is not touched while they run: the same calls give the same cache)."""
+        (this one runs the first): the prompts sorted by length and cut where the costliest group is
+        cheapest (`cut_groups`), so a group pads its rows to its own longest; group g samples with seed
+        (seed, g). The sequences the groups finish are stored in the prefix cache after all of them end,
+        group by group (the cache is not touched while they run: the same calls give the same cache)."""
         if self._pool_size < n - 1:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)  # idle between calls: its threads end
@@ -349,15 +437,9 @@ class TorchEngine:
                                             initargs=(1,))
             self._pool_size = n - 1
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        mean = sum(len(p) for p in prompts) / len(prompts)
-        weight = [len(prompts[i]) + mean for i in order]  # its attention, and about as much again of matmuls
-        total, run, cuts = sum(weight), 0, [0]
-        for k, w in enumerate(weight):  # cut where the running total passes g/n of it
-            run += w
-            if len(cuts) < n and run * n >= total * len(cuts) and len(order) - (k + 1) >= MIN_SHARE_ROWS \
-                    and k + 1 - cuts[-1] >= MIN_SHARE_ROWS:
-                cuts.append(k + 1)
-        cuts.append(len(order))
+        head = self._head_length(prompts, hits)  # what each group's rows attend once (when the group shares it too)
+        cuts = cut_groups([len(prompts[i]) for i in order], n, MIN_SHARE_ROWS,
+                          sampling.max_new_tokens + ROW_COLUMNS - head)
         groups = [order[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
         kept: list[list] = [[] for _ in groups]
 
@@ -391,9 +473,14 @@ class TorchEngine:
         hit given; the sequences it finishes go into the prefix cache, or onto `kept` to be stored later."""
         B = len(prompts)
         dev, ctx, max_new = self.device, self.context, sampling.max_new_tokens
+        H = self._head_length(prompts, hits)
+        head_tokens, head_kv = prompts[0][:H], hits[0][0]
+        if H:  # rows hold what follows the head; the head's keys/values are kept once (set_head below)
+            prompts = [p[H:] for p in prompts]
+            hits = [(kv[..., H:, :], m - H) for kv, m in hits]
         lens = torch.tensor([len(p) for p in prompts])
         L = int(lens.max())
-        budget = torch.clamp(ctx - lens, max=max_new)  # (B,) tokens each row may generate
+        budget = torch.clamp(ctx - H - lens, max=max_new)  # (B,) tokens each row may generate
         steps = int(budget.max())
         fresh = lens - torch.tensor([m for _, m in hits])  # (B,) tokens to prefill
 
@@ -409,12 +496,14 @@ class TorchEngine:
         cols = torch.arange(L + steps, device=dev)
         start = (L - lens_s).to(dev)  # (B,) first real column of each row
         valid = cols[None, :] >= start[:, None]  # (B, L+steps) real prompt and generated columns
-        positions = (cols[None, :] - start[:, None]).clamp(0, ctx - 1)  # (B, L+steps)
+        positions = (cols[None, :] - start[:, None] + H).clamp(0, ctx - 1)  # (B, L+steps)
 
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         cache = _SlotCache(cfg.num_hidden_layers, B, L + steps, getattr(cfg, "num_key_value_heads", None)
                            or cfg.num_attention_heads, head_dim, self.model.dtype, dev)
+        if H:
+            cache.set_head(head_tokens, head_kv[..., :H, :])
         for r, i in enumerate(order.tolist()):
             kv, m = hits[i]
             if m:
@@ -423,10 +512,9 @@ class TorchEngine:
 
         # prefill, chunk by chunk: rows [r0, r1) run their last `width` columns [q0, L) (a row's fresh
         # tokens, then recomputed cached ones or padding), reading keys from the chunk's first real column
-        r0 = 0
-        while r0 < B:
+        overhead = CHUNK_OVERHEAD_TOKENS if self.planned_chunks else None
+        for r0, r1 in prefill_chunks(fresh_s.tolist(), self.prefill_tokens, overhead):
             width = int(fresh_s[r0])
-            r1 = min(B, r0 + max(1, self.prefill_tokens // width))
             k0, q0 = L - int(lens_s[r0:r1].max()), L - width
             cache.set_window(slice(r0, r1), k0, q0)
             kcols, qcols = cols[k0:L], cols[q0:L]
@@ -434,7 +522,6 @@ class TorchEngine:
             # pad queries attend to themselves only, so no row of the mask is empty (NaN-free)
             mask = (causal[None] & valid[r0:r1, None, k0:L]) | (kcols[None, :] == qcols[:, None])[None]
             last_logits[r0:r1] = self._forward(ids[r0:r1, q0:L], positions[r0:r1, q0:L], mask[:, None], cache)
-            r0 = r1
 
         # decode: all active rows one token per step; `rows` maps batch rows to sorted rows
         gen = torch.Generator(device=dev).manual_seed(sampling.seed)
@@ -496,6 +583,21 @@ class TorchEngine:
             result.append((toks[r][: n_out[r]], lps[r][: n_out[r]], _REASONS[reason[r]]))
         return result
 
+    def _head_length(self, prompts: list[list[int]], hits: list) -> int:
+        """Tokens that every prompt starts with and every prompt's cache hit holds, when the rows attend to
+        them once (`_SlotCache.set_head`, with `head_once`): at least MIN_HEAD_TOKENS; else 0.
+        Why: a batch's observations share most of their tokens (the smollm2 company's, 64 episodes: 92% of
+        a row's keys were its group's common head), and a decode step read each row's copy of them.
+        Off by default in fp32, so the tiny policy's committed bits stay as they are."""
+        if not self.head_once or len(prompts) < 2:
+            return 0
+        n = min(m for _, m in hits)
+        for p in prompts[1:]:
+            if n < MIN_HEAD_TOKENS:
+                break
+            n = common_prefix_length(prompts[0][:n], p)
+        return n if n >= MIN_HEAD_TOKENS else 0
+
     def _prefill_heads(self, prompts: list[list[int]]) -> None:
         """Run and store the heads the prompts share beyond what the prefix cache holds of them (at least a
         cache block longer), so each prompt reads its head from the cache. A head is run as a prompt of
@@ -516,7 +618,7 @@ class TorchEngine:
         sorted_rows = rows[batch_rows]
         fed, gen = (n_out[sorted_rows] - 1).tolist(), out_tok[sorted_rows].tolist()
         for b, r, n, g in zip(batch_rows.tolist(), sorted_rows.tolist(), fed, gen, strict=True):
-            tokens = sorted_prompts[r] + g[:n]
+            tokens = cache.head_tokens + sorted_prompts[r] + g[:n]
             if kept is not None:  # stored after the call (insert skips one already there then)
                 kept.append((tokens, cache.read(b, L - len(sorted_prompts[r]), L + n)))
             elif tokens not in self.prefix_cache:
