@@ -322,8 +322,8 @@ def test_from_config_builds_what_the_config_says_and_a_grown_pool_replaces_the_o
 
 def test_a_head_every_row_shares_is_attended_once_and_gives_the_full_recompute(policy):
     """`head_once`: a call whose prompts all open with the same cached head keeps its keys/values once
-    (rows hold what follows it) and every row attends to it first. In fp32 (forced on; off by default
-    there) greedy tokens equal a full recompute, logprobs the trainer's forward, and the prefix cache
+    (rows hold what follows it) and every row attends to it first. In fp32 (forced on, with planned prefill
+    chunks; both off by default there) greedy tokens equal a full recompute, logprobs the trainer's forward, and the prefix cache
     stores the same whole sequences with the same keys/values as an engine that copies the head into
     every row; with row groups too. On by default in bf16 only."""
     model, tok = policy
@@ -332,8 +332,9 @@ def test_a_head_every_row_shares_is_attended_once_and_gives_the_full_recompute(p
     ps = [head + [rng.randrange(4, 101) for _ in range(rng.randint(1, 20))] for _ in range(20)]
     greedy_s, s = Sampling(temperature=0, max_new_tokens=16, ignore_eos=True), Sampling(temperature=1.0, max_new_tokens=16, seed=4)
     copied = TorchEngine(model, tok, context=CTX, prefill_tokens=64, shared_prefill=True)
-    once = TorchEngine(model, tok, context=CTX, prefill_tokens=64, shared_prefill=True, head_once=True)
-    assert not copied.head_once and once.head_once
+    once = TorchEngine(model, tok, context=CTX, prefill_tokens=64, shared_prefill=True, head_once=True,
+                       planned_chunks=True)
+    assert not copied.head_once and once.head_once and once.planned_chunks and not copied.planned_chunks
     heads = []
     length = once._head_length
     once._head_length = lambda p, h: heads.append(length(p, h)) or heads[-1]
@@ -351,7 +352,8 @@ def test_a_head_every_row_shares_is_attended_once_and_gives_the_full_recompute(p
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        grouped = TorchEngine(model, tok, context=CTX, prefill_tokens=64, shared_prefill=True, head_once=True, row_threads=2)
+        grouped = TorchEngine(model, tok, context=CTX, prefill_tokens=64, shared_prefill=True, head_once=True,
+                              planned_chunks=True, row_threads=2)
         grouped.generate(ps, greedy_s)
         assert [c.token_ids for c in grouped.generate(ps, greedy_s)] == [greedy_by_recompute(model, p, 16) for p in ps]
     finally:
