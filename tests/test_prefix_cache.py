@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from rlcr.policy.engine import Sampling, sequence_logprobs  # noqa: E402
-from rlcr.policy.prefix_cache import PrefixCache, block_keys, shared_heads  # noqa: E402
+from rlcr.policy.prefix_cache import PrefixCache, block_keys, kv_span, kv_take, shared_heads  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
 from tests.helpers import varied_tiny  # noqa: E402
 from tests.test_torch_engine import CFG, CTX, LOGPROB_TOL, greedy_by_recompute, prompts  # noqa: E402
@@ -46,12 +46,32 @@ def test_lookup_finds_the_longest_shared_prefix_within_the_limit():
     cache.insert([1, 2, 3, 4, 5, 6, 7, 8, 9], kv_of([1, 2, 3, 4, 5, 6, 7, 8, 9]))
     cache.insert([1, 2, 3, 4, 5, 6, 70, 80], kv_of([1, 2, 3, 4, 5, 6, 70, 80]))
     kv, m = cache.lookup([1, 2, 3, 4, 5, 6, 7, 8, 40, 41], limit=9)
-    assert m == 8 and kv[0, 0, 0, :m, 0].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]  # past the block, into the next
+    assert m == 8 and kv_take(kv, 0, m)[0, 0, 0, :, 0].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]  # into the next block
     kv, m = cache.lookup([1, 2, 3, 4, 5, 6, 70, 81, 82], limit=8)
-    assert m == 7 and kv[0, 1, 0, :m, 0].tolist() == [1, 2, 3, 4, 5, 6, 70]
+    assert m == 7 and kv_take(kv, 0, m)[0, 1, 0, :, 0].tolist() == [1, 2, 3, 4, 5, 6, 70]
     assert cache.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], limit=3)[1] == 3  # the limit caps the match
     assert cache.lookup([1, 2, 3, 9, 9], limit=4) == (None, 0)  # shares less than a block: a miss
     assert cache.lookup([5, 6, 7, 8, 9], limit=4) == (None, 0)
+
+
+def test_entries_in_parts_share_a_part_and_read_across_them():
+    head, tails = [1, 2, 3, 4, 5], [[6, 7, 8], [60, 70]]
+    shared = kv_of(head)
+    cache = PrefixCache(10**6, block=BLOCK)
+    for tail in tails:
+        cache.insert(head + tail, (shared, kv_of(tail)))
+    entries = [cache._entries[tuple(head + t)] for t in tails]
+    assert entries[0].kv[0] is entries[1].kv[0] is shared  # stored as handed over, not copied
+    assert cache.nbytes == sum(nbytes(head + t) for t in tails)  # a shared part counts in each entry
+    kv, m = cache.lookup([1, 2, 3, 4, 5, 60, 70, 9], limit=10)
+    assert m == 7 and kv_take(kv, 0, m)[0, 0, 0, :, 0].tolist() == [1, 2, 3, 4, 5, 60, 70]
+    assert [p.shape[-2] for p in kv_span(kv, 3, 7)] == [2, 2] and kv_take(kv, 3, 7)[0, 0, 0, :, 0].tolist() == [4, 5, 60, 70]
+    assert kv_take(kv, 1, 4).data_ptr() == shared[..., 1:4, :].data_ptr()  # within one part: a view
+    assert kv_take(kv, 2, 2).shape[-2] == 0
+    with pytest.raises(ValueError, match=r"positions \[6, 9\) outside the parts' 7"):
+        kv_span(kv, 6, 9)
+    with pytest.raises(ValueError, match="KV of 7 positions for 8 tokens"):
+        cache.insert([9] * 8, (shared, kv_of([1, 2])))
 
 
 def test_a_hash_collision_costs_a_miss_never_a_wrong_prefix():

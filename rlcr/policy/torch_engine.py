@@ -19,8 +19,10 @@ How it works:
   key/value head over all rows' queries reads the head's keys once instead of once a row
   (rlcr/policy/fast_llama.py). The smollm2 company's observations open with a ~350-token system
   prompt: 92% of a decode row's keys were its call's common head (64 episodes). Sequences stored in the
-  prefix cache are whole (head + row), as without it. Off by default in fp32, so the tiny pipeline's
-  committed bits do not move; the same tokens and logprobs within float rounding where it is on.
+  prefix cache are whole (head + row), but in two parts: the head's one tensor, held by every row's
+  entry, and a copy of the row's own columns (copying the head for each row took ~16 ms a row). Off by
+  default in fp32, so the tiny pipeline's committed bits do not move; the same tokens and logprobs within
+  float rounding where it is on.
 - Prompts are sorted by fresh (not reused) tokens and prefilled in chunks of about `prefill_tokens`
   tokens; a chunk's rows all run their last `width` columns (the chunk's most fresh tokens), so a
   row with fewer fresh tokens recomputes a few cached ones (or pads, if shorter). With
@@ -83,7 +85,7 @@ from rlcr.config import EngineConfig
 from rlcr.policy.engine import Completion, Sampling, pad_token_id
 from rlcr.policy.fast_llama import FastLlama, unsupported
 from rlcr.policy.models import DTYPES, load_policy
-from rlcr.policy.prefix_cache import PrefixCache, common_prefix_length, shared_heads
+from rlcr.policy.prefix_cache import PrefixCache, common_prefix_length, kv_span, kv_take, shared_heads
 
 _RUNNING, _STOP, _LENGTH, _CONTEXT = 0, 1, 2, 3
 MIN_SHARE_ROWS = 8  # row_threads: a call splits only into row groups of at least this many prompts
@@ -140,13 +142,16 @@ class _SlotCache(Cache):
             for _ in range(num_layers)
         ])
         self.head_tokens: list[int] = []
+        self.head_kv: torch.Tensor | None = None
 
     def set_head(self, tokens: list[int], kv: torch.Tensor) -> None:
         """Keys/values of a head that every row's prompt starts with (kv: layers, 2, kv_heads, n, head_dim), kept
-        once: each row's buffer then holds only what follows it, and attention reads it first (fast_llama)."""
+        once: each row's buffer then holds only what follows it, and attention reads it first (fast_llama).
+        Held as one tensor (not copied when `kv` is contiguous), which `read` hands to every row's entry."""
         self.head_tokens = list(tokens)
+        self.head_kv = kv.contiguous()
         for i, layer in enumerate(self.layers):
-            layer.head = (kv[i, 0].contiguous(), kv[i, 1].contiguous())
+            layer.head = (self.head_kv[i, 0], self.head_kv[i, 1])
 
     def set_window(self, rows: slice, read_from: int, write_at: int) -> None:
         for layer in self.layers:
@@ -156,25 +161,28 @@ class _SlotCache(Cache):
         for layer in self.layers:
             layer.keep_rows(index)
 
-    def read(self, row: int, start: int, end: int) -> torch.Tensor:
-        """A copy of the shared head's K/V (if any) and row `row`'s at columns [start, end):
-        (layers, 2, kv_heads, head + end - start, head_dim)."""
-        k0, h = self.layers[0].kbuf, len(self.head_tokens)
-        kv = k0.new_empty(len(self.layers), 2, k0.shape[1], h + end - start, k0.shape[-1])
+    def read(self, row: int, start: int, end: int) -> tuple[torch.Tensor, ...]:
+        """Row `row`'s K/V at columns [start, end) as prefix-cache parts: the shared head's tensor itself (if
+        any; every row's entry holds the same one), then a copy of the row's own columns, (layers, 2,
+        kv_heads, end - start, head_dim). Why: the head is most of a row's sequence (~350 of ~450 tokens in
+        the smollm2 company), and copying it for every row cost ~16 ms a row (64 bf16 episodes: 5.8 s of
+        thread time in 360 reads)."""
+        k0 = self.layers[0].kbuf
+        kv = k0.new_empty(len(self.layers), 2, k0.shape[1], end - start, k0.shape[-1])
         for i, layer in enumerate(self.layers):
-            if h:
-                kv[i, 0, :, :h].copy_(layer.head[0])
-                kv[i, 1, :, :h].copy_(layer.head[1])
-            kv[i, 0, :, h:].copy_(layer.kbuf[row, :, start:end])
-            kv[i, 1, :, h:].copy_(layer.vbuf[row, :, start:end])
-        return kv
+            kv[i, 0].copy_(layer.kbuf[row, :, start:end])
+            kv[i, 1].copy_(layer.vbuf[row, :, start:end])
+        return (kv,) if self.head_kv is None else (self.head_kv, kv)
 
-    def write(self, row: int, start: int, kv: torch.Tensor) -> None:
-        """Put `kv` (layers, 2, kv_heads, n, head_dim), e.g. a stored prefix, at row `row`, columns start.."""
-        end = start + kv.shape[-2]
-        for i, layer in enumerate(self.layers):
-            layer.kbuf[row, :, start:end] = kv[i, 0]
-            layer.vbuf[row, :, start:end] = kv[i, 1]
+    def write(self, row: int, start: int, parts: list[torch.Tensor]) -> None:
+        """Put consecutive K/V `parts` (each layers, 2, kv_heads, n_i, head_dim; e.g. `kv_span` of a stored
+        prefix) at row `row`, from column `start` on."""
+        for kv in parts:
+            end = start + kv.shape[-2]
+            for i, layer in enumerate(self.layers):
+                layer.kbuf[row, :, start:end] = kv[i, 0]
+                layer.vbuf[row, :, start:end] = kv[i, 1]
+            start = end
 
 
 def prefill_chunks(fresh: list[int], max_tokens: int, overhead: int | None) -> list[tuple[int, int]]:
@@ -241,7 +249,7 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> t
     if sampling.temperature == 0:
         tokens = logits.argmax(-1)
     else:
-        z = logits / sampling.temperature
+        z = logits / sampling.temperature if sampling.temperature != 1.0 else logits  # x / 1.0 is x: a pass saved
         if sampling.top_p < 1.0:
             z_sorted, order = z.sort(-1, descending=True)
             p_sorted = torch.softmax(z_sorted, -1)
@@ -474,15 +482,14 @@ class TorchEngine:
         B = len(prompts)
         dev, ctx, max_new = self.device, self.context, sampling.max_new_tokens
         H = self._head_length(prompts, hits)
-        head_tokens, head_kv = prompts[0][:H], hits[0][0]
+        head_tokens = prompts[0][:H]
         if H:  # rows hold what follows the head; the head's keys/values are kept once (set_head below)
             prompts = [p[H:] for p in prompts]
-            hits = [(kv[..., H:, :], m - H) for kv, m in hits]
         lens = torch.tensor([len(p) for p in prompts])
         L = int(lens.max())
         budget = torch.clamp(ctx - H - lens, max=max_new)  # (B,) tokens each row may generate
         steps = int(budget.max())
-        fresh = lens - torch.tensor([m for _, m in hits])  # (B,) tokens to prefill
+        fresh = lens - torch.tensor([m - H for _, m in hits])  # (B,) tokens to prefill
 
         # left-padded prompt matrix, rows with the most fresh tokens first so prefill chunks pad little
         order = torch.argsort(fresh * (L + 1) + lens, descending=True, stable=True)
@@ -503,11 +510,11 @@ class TorchEngine:
         cache = _SlotCache(cfg.num_hidden_layers, B, L + steps, getattr(cfg, "num_key_value_heads", None)
                            or cfg.num_attention_heads, head_dim, self.model.dtype, dev)
         if H:
-            cache.set_head(head_tokens, head_kv[..., :H, :])
+            cache.set_head(head_tokens, kv_take(hits[0][0], 0, H))
         for r, i in enumerate(order.tolist()):
             kv, m = hits[i]
-            if m:
-                cache.write(r, L - len(prompts[i]), kv[..., :m, :])
+            if m > H:
+                cache.write(r, L - len(prompts[i]), kv_span(kv, H, m))
         last_logits = torch.empty(B, self.vocab_size, device=dev)
 
         # prefill, chunk by chunk: rows [r0, r1) run their last `width` columns [q0, L) (a row's fresh
