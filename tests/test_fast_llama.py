@@ -8,13 +8,15 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import random  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from rlcr.config import ModelConfig  # noqa: E402
 from rlcr.policy.engine import Sampling, sequence_logprobs  # noqa: E402
-from rlcr.policy.fast_llama import FastLlama, packs_weights, unsupported  # noqa: E402
+from rlcr.policy.fast_llama import FastLlama, packs_weights, scripted_decode, unsupported  # noqa: E402
 from rlcr.policy.tokenizer import build_char_tokenizer  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
 from tests.helpers import varied_tiny, vary  # noqa: E402
@@ -118,6 +120,30 @@ def test_bfloat16_fast_forward_tracks_the_hf_forward():
     for p, c in zip(ps, fast, strict=True):
         # the trainer's recompute in bf16: both round at bf16, in different places
         assert (sequence_logprobs(model, p, c.token_ids) - torch.tensor(c.logprobs)).abs().max() < 0.1
+
+
+def test_bf16_decode_step_compiled_by_torchscript_gives_the_bits_of_the_python_step():
+    """The decode step TorchScript runs (`scripted_decode`) against `decode_layers` run as plain Python: the
+    same tokens and logprobs to the bit, with a shared head (head_once) and without, row groups included."""
+    assert scripted_decode() is not None
+    model, tok = SHAPES["grouped-query attention"]()
+    model = model.to(torch.bfloat16)
+    rng = random.Random(5)
+    head = [1] + [rng.randrange(4, 60) for _ in range(20)]
+    ps = [head + [rng.randrange(4, 60) for _ in range(rng.randint(1, 12))] for _ in range(18)]
+    s = Sampling(temperature=1.0, max_new_tokens=14, ignore_eos=True, seed=7)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for kw in (dict(head_once=False), dict(head_once=True, shared_prefill=True), dict(row_threads=2, shared_prefill=True)):
+            scripted = TorchEngine(model, tok, dtype="bfloat16", context=CTX, **kw)
+            plain = TorchEngine(model, tok, dtype="bfloat16", context=CTX, **kw)
+            plain.fast = FastLlama(plain.model, script=False)
+            assert scripted.fast.script and not plain.fast.script
+            for _ in range(2):  # the second call reads the first one's sequences from the prefix cache
+                assert scripted.generate(ps, s) == plain.generate(ps, s)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_bf16_decode_attention_reads_the_whole_buffer_and_ignores_columns_past_the_mask():
