@@ -359,13 +359,15 @@ def rl_change(end: pd.DataFrame, start: pd.DataFrame, spec) -> dict[str, float]:
     """What the variant's RL did, paired by task, from the episode tables (`rlcr.evaluate.run_table`) of its
     end and start policies on the same tasks, seed and organisation: the start's success with its interval
     (`start/success...`, `start/tasks`) and end minus start (`rl/success_diff...`, `rl/tasks`;
-    rlcr.evaluate.compare_runs), overall and on short and long tasks (`rl/short/...`, `rl/long/...`)."""
+    rlcr.evaluate.compare_runs) with its split into a change of organisation and a change within it
+    (`rl/form_shift...`, `rl/within_form...`; company variants), overall and on short and long tasks
+    (`rl/short/...`, `rl/long/...`)."""
     from rlcr.evaluate import compare_runs, group_metrics
 
     out = {f"start/{k}": v for k, v in group_metrics(start, spec).items() if k.startswith(("success", "tasks"))}
     for k, v in compare_runs(end, start, "end", "start", spec).items():
         stat = k.removeprefix("short/").removeprefix("long/")
-        if not k.startswith("difficulty/") and stat.startswith(("success_diff", "tasks")):
+        if not k.startswith("difficulty/") and stat.startswith(("success_diff", "tasks", "form_shift", "within_form")):
             out[f"rl/{k}"] = v
     return out
 

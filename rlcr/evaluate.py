@@ -10,7 +10,9 @@ Per run `<run>/...` (see `group_metrics`), on all episodes and again per `family
     outcome, episodes, tasks, tokens (generated per episode), critical_path_tokens, seconds (real),
     accuracy_per_1k_tokens (successes per 1000 generated tokens, pooled) with its CI.
 Company runs whose episode table has the org chart are also cut by `verifiers/hired` (the org hired
-a verifier or tester) and `verifiers/none`: observational, for Q3 (the ablation is the causal test).
+a verifier or tester) and `verifiers/none`: observational, for Q3 (the ablation is the causal test);
+and by the organisation each episode built (`form/<alone|delegate|verify>/...`, see `org_form`), each
+with its `share` of the run's episodes.
 Plus the run's aggregated behaviour metrics (`<run>/org/...`, `<run>/behaviour/...`, `<run>/time/...`,
 `<run>/rollout/...`) from `rlcr.behaviour` when the turn frame is given, and two pooled rates with
 their CIs: `behaviour/false_approval_rate` (false approvals / checked approvals: cover-up) and
@@ -22,7 +24,9 @@ Comparisons, paired by task on the tasks both runs share, overall, per short/lon
 with success_<a>, success_<b>, success_diff (a - b) and its CI, tasks, tokens_ratio (a/b generated
 tokens), seconds_ratio (real time), critical_path_ratio (a's modelled time / b's, where a company
 episode's time is its critical path and a single agent's its total tokens) with its CI, and, when
-both runs have turn frames, false_approval_rate_diff and idle_agents_per_hire_diff (a - b) with CIs.
+both runs have turn frames, false_approval_rate_diff and idle_agents_per_hire_diff (a - b) with CIs;
+between two company runs, success_diff split into `form_shift` (a change in which organisations were
+built) and `within_form` (a change in how well each did), with CIs (`form_decomposition`).
 
 Transfer probes: given the trained families, everything above is computed on the episodes of those
 families only, and the other families' episodes give `<run>/transfer/success` (pooled) and
@@ -59,6 +63,9 @@ TABLE_COLUMNS = ("run", "policy", "org", "group", "value", "episodes", "tasks", 
                  "success_ci_high", "outcome", "tokens", "critical_path_tokens", "seconds", "accuracy_per_1k_tokens",
                  "accuracy_per_1k_tokens_ci_low", "accuracy_per_1k_tokens_ci_high")
 VERIFIER_ROLES = ("verifier", "tester")
+FORMS = ("alone", "delegate", "verify")
+"""The organisation a company episode built (`org_form`): nobody hired; hires, none of them a checker;
+at least one verifier or tester hired."""
 # pooled behaviour rates with a CI: name -> (numerator, denominator) columns of the episode table
 RATES = {"behaviour/false_approval_rate": ("false_approvals", "approvals_checked"),
          "behaviour/idle_agents_per_hire": ("idle_agents", "hires")}
@@ -108,6 +115,14 @@ def split_name(run: str) -> tuple[str, str]:
     return policy, org
 
 
+def org_form(chart: str) -> str:
+    """FORMS' name of the organisation an org chart (the episode frame's JSON `org_chart`) describes."""
+    roles = [m["role"] for m in json.loads(chart) if m.get("parent", -1) >= 0]
+    if not roles:
+        return "alone"
+    return "verify" if any(r in VERIFIER_ROLES for r in roles) else "delegate"
+
+
 def episode_table(episodes: pd.DataFrame) -> pd.DataFrame:
     """The columns analysis needs, with difficulty read from the stored task row and modelled time.
 
@@ -130,6 +145,7 @@ def episode_table(episodes: pd.DataFrame) -> pd.DataFrame:
     out["mode"] = episodes["mode"].astype(str).to_numpy()
     if "org_chart" in episodes.columns:
         out["verifiers"] = [sum(m["role"] in VERIFIER_ROLES for m in json.loads(c)) for c in episodes["org_chart"]]
+        out["form"] = [org_form(c) for c in episodes["org_chart"]]
     return out.reset_index(drop=True)
 
 
@@ -229,6 +245,7 @@ def groups(table: pd.DataFrame, spec: EvalSpec) -> list[tuple[str, str, pd.DataF
     if "verifiers" in table and (table["mode"] == "company").all():
         hired = table["verifiers"] > 0
         out += [("verifiers", k, g) for k, g in (("hired", table[hired]), ("none", table[~hired])) if len(g)]
+        out += [("form", f, table[table["form"] == f]) for f in FORMS if (table["form"] == f).any()]
     return out
 
 
@@ -248,6 +265,8 @@ def run_metrics(run: str, frames: RunFrames | tuple[pd.DataFrame, dict | None], 
     rows = []
     for kind, value, g in groups(table, spec):
         m = group_metrics(g, spec)
+        if kind == "form":
+            m["share"] = len(g) / len(table)
         metrics.update({f"{run}/{_prefix(kind, value)}{k}": v for k, v in m.items()})
         rows.append({"run": run, "policy": policy, "org": org, "group": kind, "value": value, **m})
     if behaviour is not None:
@@ -283,6 +302,57 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame, a_name: str, b_name: str, s
         d = rate_diff_ci(a, b, num, den, spec) if num in a and num in b else None
         if d is not None:
             out.update(_with_ci(f"{name.split('/')[1]}_diff", d))
+    if "form" in a and "form" in b and (a["mode"] == "company").all() and (b["mode"] == "company").all():
+        out.update(form_decomposition(a, b, spec))
+    return out
+
+
+def _cell_counts(table: pd.DataFrame, tasks: list[str], cells: list[tuple[str, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(episodes, successes) per task and (form, difficulty) cell: two (tasks, cells) arrays."""
+    col = {c: j for j, c in enumerate(cells)}
+    row = {t: i for i, t in enumerate(tasks)}
+    n, s = np.zeros((len(tasks), len(cells))), np.zeros((len(tasks), len(cells)))
+    for t, f, d, ok in zip(table["task_id"], table["form"], table["difficulty"], table["success"], strict=True):
+        n[row[t], col[(f, int(d))]] += 1.0
+        s[row[t], col[(f, int(d))]] += ok
+    return n, s
+
+
+def _shift_within(n_a: np.ndarray, s_a: np.ndarray, n_b: np.ndarray, s_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(form_shift, within_form) of (..., cells) episode and success sums: shift = sum over cells of
+    (share_a - share_b) * success_b, where a cell b never played counts at a's success; within = a's
+    success minus b's, minus the shift."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p_a, p_b = n_a / n_a.sum(-1, keepdims=True), n_b / n_b.sum(-1, keepdims=True)
+        rate_b = np.where(n_b > 0, s_b / n_b, np.where(n_a > 0, s_a / n_a, 0.0))
+    shift = ((p_a - p_b) * rate_b).sum(-1)
+    total = s_a.sum(-1) / n_a.sum(-1) - s_b.sum(-1) / n_b.sum(-1)
+    return shift, total - shift
+
+
+def form_decomposition(a: pd.DataFrame, b: pd.DataFrame, spec: EvalSpec) -> dict[str, float]:
+    """Company a's success minus company b's on the tasks both ran, as `form_shift` + `within_form`.
+
+    The episodes fall in cells of (org form, task difficulty). `form_shift` is what a's mix of forms
+    would gain at b's success in each cell (on the same tasks, so within each difficulty): the gain of
+    building other organisations, e.g. a company that learned to stop hiring. `within_form` is the rest,
+    a's share of each cell times its change in success there: the gain of doing better in the same
+    organisation. A cell that b never played is counted at a's success (a new form is a shift). CIs
+    resample tasks, both runs drawing the same ones (paired)."""
+    tasks = sorted(set(a["task_id"]) & set(b["task_id"]))
+    a, b = a[a["task_id"].isin(tasks)], b[b["task_id"].isin(tasks)]
+    if not tasks or a.empty or b.empty:
+        return {}
+    cells = sorted({(f, int(d)) for t in (a, b) for f, d in zip(t["form"], t["difficulty"], strict=True)})
+    (n_a, s_a), (n_b, s_b) = _cell_counts(a, tasks, cells), _cell_counts(b, tasks, cells)
+    shift, within = _shift_within(n_a.sum(0), s_a.sum(0), n_b.sum(0), s_b.sum(0))
+    idx = np.random.default_rng(spec.seed).integers(0, len(tasks), size=(spec.n_resamples, len(tasks)))  # (R, T)
+    boot = _shift_within(n_a[idx].sum(1), s_a[idx].sum(1), n_b[idx].sum(1), s_b[idx].sum(1))  # (R,) each
+    alpha = (1.0 - spec.level) / 2.0
+    out: dict[str, float] = {}
+    for name, est, draws in (("form_shift", shift, boot[0]), ("within_form", within, boot[1])):
+        low, high = np.quantile(draws[np.isfinite(draws)], [alpha, 1.0 - alpha])
+        out.update({name: float(est), f"{name}_ci_low": float(low), f"{name}_ci_high": float(high)})
     return out
 
 
@@ -422,7 +492,7 @@ def nest(flat: Mapping[str, float]) -> dict:
     return root
 
 
-__all__ = ["BEHAVIOUR_COUNTS", "EPISODE_COLUMNS", "RATES", "TABLE_COLUMNS", "VERIFIER_ROLES", "EvalSpec", "Evaluation",
-           "RunFrames", "by_task", "compare_runs", "compare_tables", "comparisons", "episode_table", "evaluate",
+__all__ = ["BEHAVIOUR_COUNTS", "EPISODE_COLUMNS", "FORMS", "RATES", "TABLE_COLUMNS", "VERIFIER_ROLES", "EvalSpec", "Evaluation",
+           "RunFrames", "by_task", "compare_runs", "compare_tables", "comparisons", "episode_table", "evaluate", "form_decomposition",
            "group_metrics", "groups", "length_groups", "nest", "plot_frames", "rate_diff_ci", "rate_metrics",
-           "read_run", "run_metrics", "run_table", "spec_metrics", "split_name"]
+           "org_form", "read_run", "run_metrics", "run_table", "spec_metrics", "split_name"]

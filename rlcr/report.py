@@ -388,7 +388,8 @@ SEED_METRICS = ("success", "accuracy_per_1k_tokens", "behaviour/false_approval_r
 def ablation_summary(s: Sources) -> dict[str, float]:
     """Across-seed figures (`rlcr.stats.across_seeds`: mean, t-interval over seeds, min, max, seeds)
     of every variant's SEED_METRICS, `<variant>/<metric>/<stat>`, of its RL change (end minus start,
-    `<variant>/rl_change/<stat>`), and of each variant's difference
+    `<variant>/rl_change/<stat>`) and its split (`<variant>/rl_form_shift/...`, `<variant>/rl_within_form/...`:
+    `rlcr.evaluate.form_decomposition`), and of each variant's difference
     from `collective` on the same seed, `collective_vs_<variant>/<metric>_diff/<stat>`."""
     from rlcr.stats import across_seeds
 
@@ -404,9 +405,11 @@ def ablation_summary(s: Sources) -> dict[str, float]:
             if vals:
                 out.update({f"{v}/{metric}/{k}": x for k, x in across_seeds(vals).items()})
         # the RL change: each seed's end minus its start on the same tasks (rlcr.ablate.rl_change)
-        vals = [x for f in seeds.values() if (x := s.get(f, "rl/success_diff")) is not None]
-        if vals:
-            out.update({f"{v}/rl_change/{k}": x for k, x in across_seeds(vals).items()})
+        for key, name in (("rl/success_diff", "rl_change"), ("rl/form_shift", "rl_form_shift"),
+                          ("rl/within_form", "rl_within_form")):
+            vals = [x for f in seeds.values() if (x := s.get(f, key)) is not None]
+            if vals:
+                out.update({f"{v}/{name}/{k}": x for k, x in across_seeds(vals).items()})
         if v == "collective" or "collective" not in runs:
             continue
         pairs = [(runs["collective"][seed], seeds[seed]) for seed in sorted(set(seeds) & set(runs["collective"]))]
@@ -514,6 +517,7 @@ def q4(s: Sources) -> Finding:
         body += ["", "What organisation each played: " + ", ".join(
             f"`{r}` hires {s.ref(EVAL, f'{r}/org/hires')} agents per episode ({s.ref(EVAL, f'{r}/org/hires_total', 'd')} "
             f"in all)" for r in runs) + "; the difference above is that of the company as RL left it."]
+    body += form_lines(s, comp, org, runs)
     seeds, seeds_evidence = q4_seeds(s)
     body += seeds
     k = f"compare/{comp}/{org}/"
@@ -529,6 +533,30 @@ def q4(s: Sources) -> Finding:
                                 "shorter runs from other seeds agree)."])
 
 
+def form_lines(s: Sources, comp: str, org: str, runs: list[str]) -> list[str]:
+    """Which organisations each company built (`rlcr.evaluate.org_form`) and how well each did, and the
+    difference split into a change of organisation and a change within it (`form_decomposition`)."""
+    from rlcr.evaluate import FORMS
+
+    k = f"compare/{comp}/{org}/"
+    if org != "company" or not s.has(EVAL, k + "form_shift", k + "within_form"):
+        return []
+    head = " | ".join(f"{f}: share, success" for f in FORMS)
+    lines = ["", "The organisation each company built (alone: nobody hired; delegate: hires, no checker; verify: a "
+             "verifier or tester hired), its share of the episodes and its success there:", "",
+             f"| run | {head} |", "|---|" + "---|" * len(FORMS)]
+    for r in runs:
+        cells = [f"{s.ref(EVAL, f'{r}/form/{f}/share')} ({s.ref(EVAL, f'{r}/form/{f}/episodes', 'd')}), "
+                 f"{s.ci(EVAL, f'{r}/form/{f}/success')}" if s.has(EVAL, f"{r}/form/{f}/share") else "n/a"
+                 for f in FORMS]
+        lines.append(f"| `{r}` | " + " | ".join(cells) + " |")
+    lines += ["", f"The difference split (paired by task; cells of organisation and task length): from building other "
+              f"organisations (the trained mix of organisations at the baseline's success in each) "
+              f"{s.ci(EVAL, k + 'form_shift', '+.2f')}; from doing better within the same organisation "
+              f"{s.ci(EVAL, k + 'within_form', '+.2f')}."]
+    return lines
+
+
 def q4_seeds(s: Sources) -> tuple[list[str], str]:
     """The `collective` ablation's RL change per seed (its start and end on the same tasks) and across
     seeds: (report lines, the summary's evidence suffix); nothing without those runs."""
@@ -539,15 +567,20 @@ def q4_seeds(s: Sources) -> tuple[list[str], str]:
     iters = s.ref(f0, "train/iterations", "d") if s.has(f0, "train/iterations") else "n/a"
     lines = ["", f"Other seeds (the `collective` ablation: RL with the same params, {iters} iterations, its start the "
              "same bootstrap on the same tasks and sampling seed):", "",
-             "| seed | start success | end success | change | tasks |", "|---|---|---|---|---|"]
+             "| seed | start success | end success | change | from other organisations | within the same | tasks |",
+             "|---|---|---|---|---|---|---|"]
     for seed, f in runs.items():
         end = _variant_key(s.files[f], "collective", "success")
         lines.append(f"| `{seed}` | {s.ci(f, 'start/success')} | {s.ci(f, end) if end else 'n/a'} | "
-                     f"{s.ci(f, 'rl/success_diff', '+.2f')} | {s.ref(f, 'rl/tasks', 'd')} |")
+                     f"{s.ci(f, 'rl/success_diff', '+.2f')} | {s.show(f, 'rl/form_shift', '+.2f')} | "
+                     f"{s.show(f, 'rl/within_form', '+.2f')} | {s.ref(f, 'rl/tasks', 'd')} |")
     across = _seed_ci(s, "collective/rl_change", "+.2f")
     if across == "n/a":
         return lines, ""
-    lines += ["", f"Across seeds (a t-interval over the per-seed changes): {across}."]
+    lines += ["", f"Across seeds (a t-interval over the per-seed changes): {across}"
+              + (f"; from other organisations {_seed_ci(s, 'collective/rl_form_shift', '+.2f')}, within the same "
+                 f"{_seed_ci(s, 'collective/rl_within_form', '+.2f')}" if s.has(SEEDS, "collective/rl_form_shift/mean") else "")
+              + "."]
     return lines, f"; over {s.ref(SEEDS, 'collective/rl_change/seeds', 'd')} seeds ({iters} iterations): {across}"
 
 

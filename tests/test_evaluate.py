@@ -10,7 +10,7 @@ import pytest
 
 from rlcr.behaviour import behaviour_metrics
 from rlcr.config import OrgConfig
-from rlcr.evaluate import TABLE_COLUMNS, EvalSpec, RunFrames, evaluate, nest
+from rlcr.evaluate import TABLE_COLUMNS, EvalSpec, RunFrames, evaluate, form_decomposition, nest, org_form
 from rlcr.org import run_episodes
 from rlcr.org.records import EpisodeRecord, EpisodeRow, read_parquet, write_parquet
 from rlcr.org.scripted import ScriptedOrg
@@ -146,7 +146,7 @@ def test_output_is_plain_floats_a_tidy_table_and_deterministic(records, ev):
     assert nested["bootstrap__company"]["family"]["sum"]["success"] == ev.metrics["bootstrap__company/family/sum/success"]
     t = ev.table
     assert list(t.columns) == list(TABLE_COLUMNS)
-    assert set(t["run"]) == set(records) and set(t["group"]) == {"all", "family", "difficulty", "length", "verifiers"}
+    assert set(t["run"]) == set(records) and set(t["group"]) == {"all", "family", "difficulty", "length", "verifiers", "form"}
     row = t[(t.run == "bootstrap__single") & (t.group == "family") & (t.value == "signed_sum")].iloc[0]
     assert row.success == ev.metrics["bootstrap__single/family/signed_sum/success"] and row.org == "single"
     again = evaluate({k: RunFrames.from_records(v) for k, v in records.items()}, EvalSpec(n_resamples=500))
@@ -244,3 +244,60 @@ def test_company_vs_single_per_difficulty(records, ev):
         s = [r for r in single if difficulty(r) == d]
         assert m[f"{key}/difficulty/{d}/success_diff"] == pytest.approx(avg(map(success, c)) - avg(map(success, s)))
         assert m[f"{key}/difficulty/{d}/tasks"] == len({r.episode.task_id for r in c})
+
+
+def test_org_form_names_the_organisation_an_org_chart_describes():
+    ceo = {"agent": 0, "role": "ceo", "parent": -1}
+    assert org_form(json.dumps([ceo])) == "alone"
+    assert org_form(json.dumps([ceo, {"agent": 1, "role": "worker", "parent": 0},
+                                {"agent": 2, "role": "lead", "parent": 0}])) == "delegate"
+    assert org_form(json.dumps([ceo, {"agent": 1, "role": "worker", "parent": 0},
+                                {"agent": 2, "role": "tester", "parent": 1}])) == "verify"
+
+
+def form_table(cells: list[tuple[str, int, int, int]], mode: str = "company") -> pd.DataFrame:
+    """(form, difficulty, tasks, successes) -> one episode per task, task ids numbered per difficulty."""
+    rows, seen = [], {}
+    for form, d, n, wins in cells:
+        for i in range(n):
+            k = seen.get(d, 0)
+            seen[d] = k + 1
+            rows.append({"task_id": f"d{d}t{k}", "form": form, "difficulty": d, "success": float(i < wins), "mode": mode})
+    return pd.DataFrame(rows)
+
+
+def test_a_change_of_organisation_and_a_change_within_it_add_up_to_the_difference():
+    spec = EvalSpec(n_resamples=400)
+    # the baseline solves its 2-term tasks alone; on 4-term ones it works alone (8 of 10) or delegates (2 of 10);
+    # the other company works every 4-term task alone, as well as the baseline did alone: all of the gain is the shift
+    base = form_table([("alone", 1, 20, 20), ("alone", 3, 10, 8), ("delegate", 3, 10, 2)])
+    other = form_table([("alone", 1, 20, 20), ("alone", 3, 20, 16)])
+    m = form_decomposition(other, base, spec)
+    assert m["form_shift"] == pytest.approx(0.15) and m["within_form"] == pytest.approx(0.0)
+    for k in ("form_shift", "within_form"):
+        assert m[f"{k}_ci_low"] <= m[k] <= m[f"{k}_ci_high"]
+    # the same organisations, better in one of them: all of it is within
+    better = form_table([("alone", 1, 20, 20), ("alone", 3, 10, 10), ("delegate", 3, 10, 2)])
+    m = form_decomposition(better, base, spec)
+    assert m["form_shift"] == pytest.approx(0.0) and m["within_form"] == pytest.approx(0.05)
+    # an organisation the baseline never built counts as a shift, at its own success
+    base = form_table([("alone", 1, 20, 20), ("alone", 3, 20, 16)])
+    new = form_table([("alone", 1, 20, 20), ("alone", 3, 10, 8), ("verify", 3, 10, 10)])
+    m = form_decomposition(new, base, spec)
+    assert m["form_shift"] == pytest.approx(0.05) and m["within_form"] == pytest.approx(0.0)
+
+
+def test_company_comparisons_carry_the_split_and_each_run_its_organisations(ev, records):
+    m = ev.metrics
+    # both scripted companies verify every sum of more than two terms: no change of organisation
+    key = "compare/trained_vs_bootstrap/company"
+    assert m[f"{key}/form_shift"] == 0.0
+    assert m[f"{key}/within_form"] == pytest.approx(m[f"{key}/success_diff"])
+    shares = {f: m.get(f"bootstrap__company/form/{f}/share", 0.0) for f in ("alone", "delegate", "verify")}
+    assert sum(shares.values()) == pytest.approx(1.0) and shares["verify"] > 0
+    hand = per_task(records["bootstrap__company"], success)
+    assert m["bootstrap__company/form/verify/episodes"] == sum(
+        len(json.loads(r.episode.org_chart)) > 1 for r in records["bootstrap__company"])
+    assert len(hand) == len(TASKS)
+    # company against single agent: no split (a single agent builds no organisation)
+    assert not any(k.startswith("compare/company_vs_single/") and "form_shift" in k for k in m)

@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from rlcr.config import ModelConfig  # noqa: E402
 from rlcr.policy.engine import Sampling, sequence_logprobs  # noqa: E402
-from rlcr.policy.fast_llama import FastLlama, packs_weights, scripted_decode, unsupported  # noqa: E402
+from rlcr.policy.fast_llama import FastLlama, decode_attention, packs_weights, scripted_decode, unsupported  # noqa: E402
 from rlcr.policy.tokenizer import build_char_tokenizer  # noqa: E402
 from rlcr.policy.torch_engine import TorchEngine  # noqa: E402
 from tests.helpers import varied_tiny, vary  # noqa: E402
@@ -151,20 +151,19 @@ def test_bf16_decode_attention_reads_the_whole_buffer_and_ignores_columns_past_t
 
     g = torch.Generator().manual_seed(0)
     b, heads, kv_heads, d, cap, n = 3, 6, 2, 16, 40, 29
-    fast = object.__new__(FastLlama)
-    fast.scale = d**-0.5
+    scale = d**-0.5
     kbuf, vbuf = torch.randn(b, kv_heads, cap, d, generator=g), torch.randn(b, kv_heads, cap, d, generator=g)
     kbuf[:, :, n:], vbuf[:, :, n:] = 1e4, -1e4  # stale columns the engine allocated but has not written yet
     query = torch.randn(b, heads, 1, d, generator=g)
     mask = torch.rand(b, 1, 1, n, generator=g) > 0.3
     mask[..., -1] = True  # a row's own new key
-    ref = F.scaled_dot_product_attention(query, kbuf[:, :, :n], vbuf[:, :, :n], attn_mask=mask, scale=fast.scale,
+    ref = F.scaled_dot_product_attention(query, kbuf[:, :, :n], vbuf[:, :, :n], attn_mask=mask, scale=scale,
                                          enable_gqa=True)
     blocked = FastLlama.decode_blocked(mask, cap)
-    got = fast._decode_attention(query.bfloat16(), kbuf.bfloat16(), vbuf.bfloat16(), blocked)
+    got = decode_attention(query.bfloat16(), kbuf.bfloat16(), vbuf.bfloat16(), blocked, scale, None, None)
     assert got.dtype == torch.bfloat16
     assert float((got.float() - ref).abs().max()) < 0.05  # bf16 rounding of inputs and weights
-    assert float((fast._decode_attention(query, kbuf, vbuf, blocked) - ref).abs().max()) < 1e-5  # the same law
+    assert float((decode_attention(query, kbuf, vbuf, blocked, scale, None, None) - ref).abs().max()) < 1e-5  # the same law
 
 
 def test_decode_attention_with_a_shared_head_is_attention_over_the_head_then_the_row():
@@ -174,8 +173,7 @@ def test_decode_attention_with_a_shared_head_is_attention_over_the_head_then_the
 
     g = torch.Generator().manual_seed(1)
     b, heads, kv_heads, d, cap, n, head = 5, 6, 2, 16, 40, 29, 23
-    fast = object.__new__(FastLlama)
-    fast.scale = d**-0.5
+    scale = d**-0.5
     hk, hv = torch.randn(kv_heads, head, d, generator=g), torch.randn(kv_heads, head, d, generator=g)
     kbuf, vbuf = torch.randn(b, kv_heads, cap, d, generator=g), torch.randn(b, kv_heads, cap, d, generator=g)
     kbuf[:, :, n:], vbuf[:, :, n:] = 1e4, -1e4  # columns not written yet
@@ -184,11 +182,12 @@ def test_decode_attention_with_a_shared_head_is_attention_over_the_head_then_the
     mask[..., -1] = True
     keys = torch.cat([hk.expand(b, -1, -1, -1), kbuf[:, :, :n]], 2)
     values = torch.cat([hv.expand(b, -1, -1, -1), vbuf[:, :, :n]], 2)
-    ref = F.scaled_dot_product_attention(query, keys, values, scale=fast.scale, enable_gqa=True,
+    ref = F.scaled_dot_product_attention(query, keys, values, scale=scale, enable_gqa=True,
                                          attn_mask=torch.cat([torch.ones(b, 1, 1, head, dtype=torch.bool), mask], -1))
     blocked = FastLlama.decode_blocked(mask, cap)
-    assert float((fast._decode_attention(query, kbuf, vbuf, blocked, (hk, hv)) - ref).abs().max()) < 1e-5
-    got = fast._decode_attention(query.bfloat16(), kbuf.bfloat16(), vbuf.bfloat16(), blocked, (hk.bfloat16(), hv.bfloat16()))
+    assert float((decode_attention(query, kbuf, vbuf, blocked, scale, hk, hv) - ref).abs().max()) < 1e-5
+    got = decode_attention(query.bfloat16(), kbuf.bfloat16(), vbuf.bfloat16(), blocked, scale, hk.bfloat16(),
+                           hv.bfloat16())
     assert got.dtype == torch.bfloat16 and float((got.float() - ref).abs().max()) < 0.05
 
 

@@ -93,6 +93,11 @@ def test_summary_sections_plots_and_verdicts(project):
     assert m["compare/trained_vs_bootstrap/company/success_diff_ci_low"] > 0 and answers["Q4"] == "yes"
     q4 = text.split("## Q4.")[1].split("\n## ")[0]  # and says what organisation each company was
     assert f"`trained__company` hires {m['trained__company/org/hires']:.2f} agents per episode" in q4
+    # both scripted companies verify: the same organisation, so the whole difference is within it
+    assert m["compare/trained_vs_bootstrap/company/form_shift"] == 0.0
+    row = next(r for r in q4.splitlines() if r.startswith("| `trained__company` | "))
+    assert row.count("1.00 [1.00, 1.00]") == 2 and "| n/a |" in row  # alone and verify, all right; never delegates
+    assert "success in each) +0.00 [+0.00, +0.00]; from doing better within the same organisation +" in q4
     # scripted companies take longer (modelled time) than the one-line single agent: not faster
     assert m["compare/company_vs_single/trained/critical_path_ratio_ci_low"] > 1 and answers["Q1"] == "no"
     # ablation: collective's interval [36, 44] lies above no_verifiers' [16, 24] in both seeds
@@ -227,15 +232,22 @@ def test_the_rl_change_of_each_seed_and_across_seeds_reaches_q4_and_the_ablation
             "train/success_last": 0.7, "collective/success": start + diff, "collective/success_ci_low": start + diff - 0.1,
             "collective/success_ci_high": start + diff + 0.1, "start/success": start, "start/success_ci_low": start - 0.1,
             "start/success_ci_high": start + 0.1, "rl/success_diff": diff, "rl/success_diff_ci_low": diff - 0.05,
-            "rl/success_diff_ci_high": diff + 0.05, "rl/tasks": 128.0}
+            "rl/success_diff_ci_high": diff + 0.05, "rl/tasks": 128.0,
+            # the change split: mostly from building other organisations
+            "rl/form_shift": diff - 0.02, "rl/form_shift_ci_low": diff - 0.07, "rl/form_shift_ci_high": diff + 0.03,
+            "rl/within_form": 0.02, "rl/within_form_ci_low": -0.03, "rl/within_form_ci_high": 0.07}
     s = Sources(files)
     s.files[SEEDS] = ablation_summary(s)
     assert s.files[SEEDS]["collective/rl_change/mean"] == pytest.approx(0.11)
     assert s.files[SEEDS]["collective/rl_change/min"] == pytest.approx(0.08) and s.files[SEEDS]["collective/rl_change/seeds"] == 3
     lines, evidence = q4_seeds(s)
     text = fill("\n".join(lines) + evidence, s)[0]
-    assert sum(r.startswith("| `") for r in lines) == 3 and "| `1` | 0.55 [0.45, 0.65] | 0.70 [0.60, 0.80] | +0.15 [+0.10, +0.20] | 128 |" in text
+    assert sum(r.startswith("| `") for r in lines) == 3
+    assert ("| `1` | 0.55 [0.45, 0.65] | 0.70 [0.60, 0.80] | +0.15 [+0.10, +0.20] | +0.13 [+0.08, +0.18] | "
+            "+0.02 [-0.03, +0.07] | 128 |") in text
     assert "over 3 seeds (20 iterations): +0.11 [" in text
+    assert s.files[SEEDS]["collective/rl_form_shift/mean"] == pytest.approx(0.09)
+    assert "; from other organisations +0.09 [" in text and "within the same +0.02 [+0.02, +0.02]" in text
     table = fill("\n".join(ablation_table(s)), s)[0]
     assert "| `collective` | 0 | 0.60 | 0.70 | 0.60 [0.50, 0.70] | 0.70 [0.60, 0.80] | +0.10 [+0.05, +0.15] |" in table
     assert "| `collective` | 3 | 0.70 [0.70, 0.70] | 0.70 | 0.70 | +0.11 [+0.02, +0.20] | n/a |" in table

@@ -111,7 +111,25 @@ def attention_out_and_mlp(x: Tensor, o: Tensor, w_o: Tensor, norm: Tensor, w_gu:
 
 def decode_attention(query: Tensor, kbuf: Tensor, vbuf: Tensor, blocked: Tensor, scale: float,
                      head_k: Tensor | None, head_v: Tensor | None) -> Tensor:
-    """`FastLlama._decode_attention` (its docstring says what and why); head_k/head_v: the shared head or None."""
+    """Attention of one query per row (a decode step) in bf16/fp16, on the cache's whole buffers.
+
+    query (b, heads, 1, d); kbuf, vbuf (b, kv_heads, capacity, d) contiguous (every column the
+    engine allocated: the written ones, then zeros or stale rows that `blocked` covers, so they
+    get weight exactly 0); blocked (b, 1, 1, capacity) from `decode_blocked` -> (b, heads, 1, d).
+    Two batched matmuls per key/value head over its group of query heads (the keys transposed in
+    place: no copy), scores in the model's dtype, scaled, masked and softmaxed in fp32 along their
+    last, contiguous dimension. Why: torch's CPU SDPA kernel in bf16 is slower than its fp32 one (b
+    16, 9 heads on 3 kv heads, 1000 keys, 2 threads: 11.1 vs 3.9 ms), and a batched matmul on the
+    cache's strided window copies it first; the whole buffer is one packed batch. Scores laid out
+    (group, capacity) rather than (capacity, group): softmax over a strided dimension took 0.62 ms
+    against 0.14 (b 64, 3 kv heads, 460 keys), the whole layer 3.40 -> 2.37 ms, the same values.
+    fp32 keeps SDPA (the tiny policy's bits). (Reading only the written columns, a window of the
+    buffers, was measured too: the batched matmuls copy such windows first, 0.6 ms a layer at 30 rows.)
+
+    head_k, head_v: keys and values (kv_heads, m, d) every row attends to before its own buffer (the
+    call's shared head, stored once: `_SlotCache.set_head`), or None and None. Its scores are one
+    matmul per key/value head over all rows' queries (the head's keys read once, not once a row),
+    softmaxed together with the row's own. TorchScript compiles it inside `decode_layers` (`_script`)."""
     b, h, d = query.shape[0], query.shape[1], query.shape[3]
     kvh, cap = kbuf.shape[1], kbuf.shape[2]
     g = h // kvh
@@ -230,28 +248,6 @@ class FastLlama:
         blocked = torch.ones(b, capacity, dtype=torch.bool, device=mask.device)
         blocked[:, :n] = ~mask.view(b, n)
         return blocked.view(b, 1, 1, capacity)
-
-    def _decode_attention(self, query: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
-                          blocked: torch.Tensor, head: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Attention of one query per row (a decode step) in bf16/fp16, on the cache's whole buffers.
-
-        query (b, heads, 1, d); kbuf, vbuf (b, kv_heads, capacity, d) contiguous (every column the
-        engine allocated: the written ones, then zeros or stale rows that `blocked` covers, so they
-        get weight exactly 0); blocked (b, 1, 1, capacity) from `decode_blocked` -> (b, heads, 1, d).
-        Two batched matmuls per key/value head over its group of query heads (the keys transposed in
-        place: no copy), scores in the model's dtype, scaled, masked and softmaxed in fp32 along their
-        last, contiguous dimension. Why: torch's CPU SDPA kernel in bf16 is slower than its fp32 one (b
-        16, 9 heads on 3 kv heads, 1000 keys, 2 threads: 11.1 vs 3.9 ms), and a batched matmul on the
-        cache's strided window copies it first; the whole buffer is one packed batch. Scores laid out
-        (group, capacity) rather than (capacity, group): softmax over a strided dimension took 0.62 ms
-        against 0.14 (b 64, 3 kv heads, 460 keys), the whole layer 3.40 -> 2.37 ms, the same values.
-        fp32 keeps SDPA (the tiny policy's bits). (Reading only the written columns, a window of the
-        buffers, was measured too: the batched matmuls copy such windows first, 0.6 ms a layer at 30 rows.)
-
-        head: keys and values (kv_heads, m, d) every row attends to before its own buffer (the call's shared
-        head, stored once: `_SlotCache.set_head`). Its scores are one matmul per key/value head over all
-        rows' queries (the head's keys read once, not once a row), softmaxed together with the row's own."""
-        return decode_attention(query, kbuf, vbuf, blocked, self.scale, *(head if head is not None else (None, None)))
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """ids, positions: (b, q); mask: (b, 1, q, kv) bool, True = may attend; cache: the engine's
