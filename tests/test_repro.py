@@ -169,11 +169,12 @@ print(torch.get_num_threads(), digest.hexdigest(), torch.backends.cpu.get_cpu_ca
 
 
 PINNED = ("ATEN_CPU_CAPABILITY", "MKL_CBWR")
-PINNED_DIGESTS = {"AVX512": "02e69976c7352b8f55611f931b03ee2e"}
+PINNED_DIGESTS = {"AVX2": "91a1295a25e0728f8b987f46f7d89427"}
 """THREADS_PROBE's digest with the kernels rlcr.env pins, per torch capability, on the machine kind of
-the committed run: an Intel Xeon with AMX (torch's own AVX-512 kernels, MKL's AVX2 branch in strict
+the committed run: an AMD EPYC with AVX-512 (torch's kernels pinned to AVX2, MKL's AVX2 branch in strict
 mode), the same at 1 and 2 threads. A machine that prints another digest here computes other bits, and
-a repro on it gives other metrics than the committed ones."""
+a repro on it gives other metrics than the committed ones. (The Intel Xeon with AMX of the runs before
+bef32eb prints 02e69976c7352b8f55611f931b03ee2e with torch's own AVX512 kernels.)"""
 
 
 def _probe(**env_vars: str) -> list[str]:
