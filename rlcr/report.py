@@ -534,21 +534,22 @@ def q4(s: Sources) -> Finding:
 
 
 def form_lines(s: Sources, comp: str, org: str, runs: list[str]) -> list[str]:
-    """Which organisations each company built (`rlcr.evaluate.org_form`) and how well each did, and the
-    difference split into a change of organisation and a change within it (`form_decomposition`)."""
-    from rlcr.evaluate import FORMS
-
+    """Which organisations each company built (`rlcr.evaluate.org_form`: the forms its `<run>/form/<form>/...`
+    keys name) and how well each did, and the difference split into a change of organisation and a change
+    within it (`rlcr.evaluate.form_decomposition`)."""
     k = f"compare/{comp}/{org}/"
     if org != "company" or not s.has(EVAL, k + "form_shift", k + "within_form"):
         return []
-    head = " | ".join(f"{f}: share, success" for f in FORMS)
+    forms = sorted({key.split("/")[2] for r in runs for key in s.files[EVAL]
+                    if key.startswith(f"{r}/form/") and key.endswith("/share")})
+    head = " | ".join(f"{f}: share, success" for f in forms)
     lines = ["", "The organisation each company built (alone: nobody hired; delegate: hires, no checker; verify: a "
              "verifier or tester hired), its share of the episodes and its success there:", "",
-             f"| run | {head} |", "|---|" + "---|" * len(FORMS)]
+             f"| run | {head} |", "|---|" + "---|" * len(forms)]
     for r in runs:
         cells = [f"{s.ref(EVAL, f'{r}/form/{f}/share')} ({s.ref(EVAL, f'{r}/form/{f}/episodes', 'd')}), "
                  f"{s.ci(EVAL, f'{r}/form/{f}/success')}" if s.has(EVAL, f"{r}/form/{f}/share") else "n/a"
-                 for f in FORMS]
+                 for f in forms]
         lines.append(f"| `{r}` | " + " | ".join(cells) + " |")
     lines += ["", f"The difference split (paired by task; cells of organisation and task length): from building other "
               f"organisations (the trained mix of organisations at the baseline's success in each) "

@@ -96,7 +96,8 @@ def test_summary_sections_plots_and_verdicts(project):
     # both scripted companies verify: the same organisation, so the whole difference is within it
     assert m["compare/trained_vs_bootstrap/company/form_shift"] == 0.0
     row = next(r for r in q4.splitlines() if r.startswith("| `trained__company` | "))
-    assert row.count("1.00 [1.00, 1.00]") == 2 and "| n/a |" in row  # alone and verify, all right; never delegates
+    assert row.count("1.00 [1.00, 1.00]") == 2  # alone and verify, all right
+    assert "| run | alone: share, success | verify: share, success |" in q4  # no company delegated: no column
     assert "success in each) +0.00 [+0.00, +0.00]; from doing better within the same organisation +" in q4
     # scripted companies take longer (modelled time) than the one-line single agent: not faster
     assert m["compare/company_vs_single/trained/critical_path_ratio_ci_low"] > 1 and answers["Q1"] == "no"

@@ -89,8 +89,10 @@ def test_two_rl_iterations_with_lora_serve_the_merged_weights(folder, tmp_path):
 def test_bf16_rl_iterations_train_lora_on_fp32_weights(folder, tmp_path):
     """The profile as shipped: `engine.dtype: bfloat16` and `train.bf16: true` (README, "bf16 on CPU")."""
     # LoRA starts at the base weights, where the KL term has no gradient, so the weights move only if
-    # some group's rewards differ: a token cost makes episodes of different lengths differ
-    p = smollm2_params(folder, **{"engine.dtype": "bfloat16", "train.bf16": True, "reward.token_cost": 0.5})
+    # some group's rewards differ: a token cost makes episodes of different lengths differ. 32-token turns:
+    # at 16 every turn ran to the cap on an AMD EPYC (bf16 samples differ by CPU), so all rewards were equal
+    turns = {"engine.max_new_tokens": 32, "org.max_turn_tokens": 32, "org.token_budget": 32}
+    p = smollm2_params(folder, **{"engine.dtype": "bfloat16", "train.bf16": True, "reward.token_cost": 0.5, **turns})
     tasks = build_family("sum", {"digits": 1}).generate(0, 4, 1)
     res = train(p, folder, tasks, tmp_path / "policy", NullTracker(), ckpt_dir=tmp_path / "ckpt", log=print)
     assert [h["train/steps"] for h in res.history] == [1.0, 1.0] and res.refused_updates == 0
