@@ -259,6 +259,9 @@ class BootstrapConfig:
     seed of their own, no eval prompt), of which only the kept turns that build on others' results (a
     manager's combine, a verifier's verdict) join the traces, once each: thousands of distinct combines
     without more of every other turn."""
+    reuse_min_difficulty: int = 0
+    """Lowest difficulty of the reuse episodes' tasks (0: `fresh_min_difficulty`): the `long` profile's 15
+    plays them on 16-term sums only, whose combines add four posted results instead of two."""
     reuse_splits: bool = False
     """tiny only: the reuse episodes' managers' splits (a kept turn that HIREs workers or leads with briefs
     that carry terms, `HIRE lead: 3-6-4-1`) join the traces too, once each: the copy-from-task sub-skill
@@ -328,6 +331,8 @@ class BootstrapConfig:
             _fail("bootstrap.reuse_episodes", f"must be an integer >= 0, got {self.reuse_episodes!r}")
         if self.reuse_episodes and not (self.styles.get("delegate", 0) > 0 or self.styles.get("verify", 0) > 0):
             _fail("bootstrap.reuse_episodes", "needs the delegate or verify style in bootstrap.styles (the ones that combine)")
+        if isinstance(self.reuse_min_difficulty, bool) or not isinstance(self.reuse_min_difficulty, int) or self.reuse_min_difficulty < 0:
+            _fail("bootstrap.reuse_min_difficulty", f"must be an integer >= 0 (0: fresh_min_difficulty), got {self.reuse_min_difficulty!r}")
         if not isinstance(self.reuse_splits, bool):
             _fail("bootstrap.reuse_splits", f"must be true or false, got {self.reuse_splits!r}")
         if self.reuse_splits and not self.reuse_episodes:

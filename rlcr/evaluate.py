@@ -115,9 +115,10 @@ def split_name(run: str) -> tuple[str, str]:
     return policy, org
 
 
-def org_form(chart: str) -> str:
-    """FORMS' name of the organisation an org chart (the episode frame's JSON `org_chart`) describes."""
-    roles = [m["role"] for m in json.loads(chart) if m.get("parent", -1) >= 0]
+def org_form(chart: str | list[dict]) -> str:
+    """FORMS' name of the organisation an org chart (the episode frame's JSON `org_chart`, or its
+    members parsed) describes."""
+    roles = [m["role"] for m in (json.loads(chart) if isinstance(chart, str) else chart) if m.get("parent", -1) >= 0]
     if not roles:
         return "alone"
     return "verify" if any(r in VERIFIER_ROLES for r in roles) else "delegate"
@@ -144,8 +145,9 @@ def episode_table(episodes: pd.DataFrame) -> pd.DataFrame:
     out["time_tokens"] = np.where(single, out["tokens"], out["critical_path_tokens"])
     out["mode"] = episodes["mode"].astype(str).to_numpy()
     if "org_chart" in episodes.columns:
-        out["verifiers"] = [sum(m["role"] in VERIFIER_ROLES for m in json.loads(c)) for c in episodes["org_chart"]]
-        out["form"] = [org_form(c) for c in episodes["org_chart"]]
+        charts = [json.loads(c) for c in episodes["org_chart"]]
+        out["verifiers"] = [sum(m["role"] in VERIFIER_ROLES for m in c) for c in charts]
+        out["form"] = [org_form(c) for c in charts]
     return out.reset_index(drop=True)
 
 
@@ -194,6 +196,22 @@ def rate_metrics(table: pd.DataFrame, spec: EvalSpec) -> dict[str, float]:
     return out
 
 
+def _task_draws(n_tasks: int, spec: EvalSpec) -> np.ndarray:
+    """(resamples, n_tasks) task indices: the draws of the paired intervals below (both arms, or every
+    cell, index the same tasks in each resample)."""
+    return np.random.default_rng(spec.seed).integers(0, n_tasks, size=(spec.n_resamples, n_tasks))
+
+
+def _percentiles(estimate: float, draws: np.ndarray, spec: EvalSpec) -> tuple[float, float]:
+    """The `spec.level` percentile interval of the finite draws; (estimate, estimate) when none is."""
+    draws = draws[np.isfinite(draws)]
+    alpha = (1.0 - spec.level) / 2.0
+    if not draws.size:
+        return estimate, estimate
+    low, high = np.quantile(draws, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
 def rate_diff_ci(a: pd.DataFrame, b: pd.DataFrame, num: str, den: str, spec: EvalSpec) -> Interval | None:
     """rate(a) - rate(b) with rate = sum(num) / sum(den), on the tasks both ran, both arms drawing the
     same tasks per resample; resamples where either denominator is 0 are dropped. None when either
@@ -203,15 +221,11 @@ def rate_diff_ci(a: pd.DataFrame, b: pd.DataFrame, num: str, den: str, spec: Eva
             for t in (a, b)]  # (T, 2) each
     if not shared or any(s[:, 1].sum() == 0 for s in sums):
         return None
-    idx = np.random.default_rng(spec.seed).integers(0, len(shared), size=(spec.n_resamples, len(shared)))  # (R, T)
+    idx = _task_draws(len(shared), spec)  # (R, T)
     with np.errstate(divide="ignore", invalid="ignore"):
         boot = [s[idx, 0].sum(axis=1) / s[idx, 1].sum(axis=1) for s in sums]  # (R,) each
-    diff = boot[0] - boot[1]
-    diff = diff[np.isfinite(diff)]
     est = float(sums[0][:, 0].sum() / sums[0][:, 1].sum() - sums[1][:, 0].sum() / sums[1][:, 1].sum())
-    alpha = (1.0 - spec.level) / 2.0
-    low, high = np.quantile(diff, [alpha, 1.0 - alpha]) if diff.size else (est, est)
-    return Interval(est, float(low), float(high), len(shared), len(a) + len(b))
+    return Interval(est, *_percentiles(est, boot[0] - boot[1], spec), len(shared), len(a) + len(b))
 
 
 def _per_1k(successes: float, tokens: float) -> dict[str, float]:
@@ -245,7 +259,8 @@ def groups(table: pd.DataFrame, spec: EvalSpec) -> list[tuple[str, str, pd.DataF
     if "verifiers" in table and (table["mode"] == "company").all():
         hired = table["verifiers"] > 0
         out += [("verifiers", k, g) for k, g in (("hired", table[hired]), ("none", table[~hired])) if len(g)]
-        out += [("form", f, table[table["form"] == f]) for f in FORMS if (table["form"] == f).any()]
+        forms = [("form", f, table[table["form"] == f]) for f in FORMS]
+        out += [x for x in forms if len(x[2])]
     return out
 
 
@@ -346,13 +361,12 @@ def form_decomposition(a: pd.DataFrame, b: pd.DataFrame, spec: EvalSpec) -> dict
     cells = sorted({(f, int(d)) for t in (a, b) for f, d in zip(t["form"], t["difficulty"], strict=True)})
     (n_a, s_a), (n_b, s_b) = _cell_counts(a, tasks, cells), _cell_counts(b, tasks, cells)
     shift, within = _shift_within(n_a.sum(0), s_a.sum(0), n_b.sum(0), s_b.sum(0))
-    idx = np.random.default_rng(spec.seed).integers(0, len(tasks), size=(spec.n_resamples, len(tasks)))  # (R, T)
+    idx = _task_draws(len(tasks), spec)  # (R, T)
     boot = _shift_within(n_a[idx].sum(1), s_a[idx].sum(1), n_b[idx].sum(1), s_b[idx].sum(1))  # (R,) each
-    alpha = (1.0 - spec.level) / 2.0
     out: dict[str, float] = {}
-    for name, est, draws in (("form_shift", shift, boot[0]), ("within_form", within, boot[1])):
-        low, high = np.quantile(draws[np.isfinite(draws)], [alpha, 1.0 - alpha])
-        out.update({name: float(est), f"{name}_ci_low": float(low), f"{name}_ci_high": float(high)})
+    for name, est, draws in (("form_shift", float(shift), boot[0]), ("within_form", float(within), boot[1])):
+        low, high = _percentiles(est, draws, spec)
+        out.update({name: est, f"{name}_ci_low": low, f"{name}_ci_high": high})
     return out
 
 

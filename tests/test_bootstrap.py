@@ -245,6 +245,13 @@ def test_reuse_traces_are_distinct_unseen_company_episodes_whose_combines_and_ve
     splits = [t for t in kept if B.is_split(t)]
     assert splits and {t.role for t in splits} == {"ceo"} and all(t.completion.startswith("HIRE") for t in splits)
     assert len(with_splits) == len(examples) + len(splits)
+    # their own least difficulty: 4-term sums only, the fresh trace tasks keep theirs
+    only_long = B.reuse_traces(specs, cfg(reuse_episodes=20, fresh_min_difficulty=2, reuse_min_difficulty=3), PARAMS.org,
+                               PARAMS.reward, LEN, exclude)
+    assert {json.loads(r.episode.task)["difficulty"] for r in only_long} == {3}
+    assert {json.loads(r.episode.task)["difficulty"] for r in recs} == {2, 3}
+    with pytest.raises(ValueError, match="bootstrap.reuse_min_difficulty"):
+        cfg(reuse_min_difficulty=-1)
     with pytest.raises(ValueError, match="bootstrap.reuse_splits"):
         cfg(reuse_splits=True)  # no reuse episodes to take them from
     with pytest.raises(ValueError, match="bootstrap.reuse_episodes > 0 needs a sum family"):

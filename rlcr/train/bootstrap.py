@@ -318,9 +318,10 @@ def fresh_trace_tasks(specs, cfg: BootstrapConfig, exclude: set[str]) -> list[Ta
 def reuse_traces(specs, cfg: BootstrapConfig, org: OrgConfig, reward: RewardConfig, len_fn: LengthFn,
                  exclude: set[str]) -> list[EpisodeRecord]:
     """`cfg.reuse_episodes` scripted delegate and verify episodes (their `cfg.styles` ratio) on fresh
-    tasks of difficulty >= `cfg.fresh_min_difficulty`, drawn like the drill's with a seed of their own
-    (no prompt in `exclude`), each task once while there are enough."""
-    tasks, low = fresh_sum_tasks(specs, cfg, cfg.seed + 1, cfg.reuse_episodes, exclude, "reuse_episodes")
+    tasks of difficulty >= `cfg.reuse_min_difficulty` (0: `cfg.fresh_min_difficulty`), drawn like the
+    drill's with a seed of their own (no prompt in `exclude`), each task once while there are enough."""
+    low_cfg = replace(cfg, fresh_min_difficulty=cfg.reuse_min_difficulty or cfg.fresh_min_difficulty)
+    tasks, low = fresh_sum_tasks(specs, low_cfg, cfg.seed + 1, cfg.reuse_episodes, exclude, "reuse_episodes")
     distinct = list({t.prompt: t for t in tasks if t.difficulty >= low}.values())
     random.Random(f"bootstrap-reuse:{cfg.seed}").shuffle(distinct)
     styles = {s: cfg.styles.get(s, 0.0) for s in ("delegate", "verify")}
