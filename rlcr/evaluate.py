@@ -55,7 +55,7 @@ import pandas as pd
 from rlcr.behaviour import aggregate, cheating_metrics, episode_metrics
 from rlcr.config import EvaluateConfig
 from rlcr.org.records import EpisodeRecord, from_frames, to_frames
-from rlcr.stats import Interval, bootstrap_ci, paired_diff_ci, paired_ratio_ci
+from rlcr.stats import Interval, bootstrap_ci, paired_diff_ci, paired_ratio_ci, percentiles, task_draws
 
 EPISODE_COLUMNS = ("episode_id", "task_id", "family", "task", "mode", "outcome", "total_tokens",
                    "critical_path_tokens", "seconds")
@@ -196,20 +196,10 @@ def rate_metrics(table: pd.DataFrame, spec: EvalSpec) -> dict[str, float]:
     return out
 
 
-def _task_draws(n_tasks: int, spec: EvalSpec) -> np.ndarray:
-    """(resamples, n_tasks) task indices: the draws of the paired intervals below (both arms, or every
-    cell, index the same tasks in each resample)."""
-    return np.random.default_rng(spec.seed).integers(0, n_tasks, size=(spec.n_resamples, n_tasks))
-
-
-def _percentiles(estimate: float, draws: np.ndarray, spec: EvalSpec) -> tuple[float, float]:
+def _finite_percentiles(estimate: float, draws: np.ndarray, spec: EvalSpec) -> tuple[float, float]:
     """The `spec.level` percentile interval of the finite draws; (estimate, estimate) when none is."""
     draws = draws[np.isfinite(draws)]
-    alpha = (1.0 - spec.level) / 2.0
-    if not draws.size:
-        return estimate, estimate
-    low, high = np.quantile(draws, [alpha, 1.0 - alpha])
-    return float(low), float(high)
+    return percentiles(draws, spec.level) if draws.size else (estimate, estimate)
 
 
 def rate_diff_ci(a: pd.DataFrame, b: pd.DataFrame, num: str, den: str, spec: EvalSpec) -> Interval | None:
@@ -221,11 +211,11 @@ def rate_diff_ci(a: pd.DataFrame, b: pd.DataFrame, num: str, den: str, spec: Eva
             for t in (a, b)]  # (T, 2) each
     if not shared or any(s[:, 1].sum() == 0 for s in sums):
         return None
-    idx = _task_draws(len(shared), spec)  # (R, T)
+    idx = task_draws(len(shared), spec.n_resamples, spec.seed)  # (R, T)
     with np.errstate(divide="ignore", invalid="ignore"):
         boot = [s[idx, 0].sum(axis=1) / s[idx, 1].sum(axis=1) for s in sums]  # (R,) each
     est = float(sums[0][:, 0].sum() / sums[0][:, 1].sum() - sums[1][:, 0].sum() / sums[1][:, 1].sum())
-    return Interval(est, *_percentiles(est, boot[0] - boot[1], spec), len(shared), len(a) + len(b))
+    return Interval(est, *_finite_percentiles(est, boot[0] - boot[1], spec), len(shared), len(a) + len(b))
 
 
 def _per_1k(successes: float, tokens: float) -> dict[str, float]:
@@ -361,11 +351,11 @@ def form_decomposition(a: pd.DataFrame, b: pd.DataFrame, spec: EvalSpec) -> dict
     cells = sorted({(f, int(d)) for t in (a, b) for f, d in zip(t["form"], t["difficulty"], strict=True)})
     (n_a, s_a), (n_b, s_b) = _cell_counts(a, tasks, cells), _cell_counts(b, tasks, cells)
     shift, within = _shift_within(n_a.sum(0), s_a.sum(0), n_b.sum(0), s_b.sum(0))
-    idx = _task_draws(len(tasks), spec)  # (R, T)
+    idx = task_draws(len(tasks), spec.n_resamples, spec.seed)  # (R, T)
     boot = _shift_within(n_a[idx].sum(1), s_a[idx].sum(1), n_b[idx].sum(1), s_b[idx].sum(1))  # (R,) each
     out: dict[str, float] = {}
     for name, est, draws in (("form_shift", float(shift), boot[0]), ("within_form", float(within), boot[1])):
-        low, high = _percentiles(est, draws, spec)
+        low, high = _finite_percentiles(est, draws, spec)
         out.update({name: est, f"{name}_ci_low": low, f"{name}_ci_high": high})
     return out
 

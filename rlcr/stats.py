@@ -72,8 +72,9 @@ def _check(n_resamples: int, level: float) -> None:
         raise ValueError(f"level must be in (0, 1), got {level}")
 
 
-def _draws(n_tasks: int, n_resamples: int, seed: int) -> np.ndarray:
-    """Task indices of every resample: (n_resamples, n_tasks)."""
+def task_draws(n_tasks: int, n_resamples: int, seed: int) -> np.ndarray:
+    """Task indices of every resample: (n_resamples, n_tasks). Paired intervals index every arm with the
+    same rows."""
     return np.random.default_rng(seed).integers(0, n_tasks, size=(n_resamples, n_tasks))
 
 
@@ -93,10 +94,15 @@ def _observed(arrays: list[np.ndarray], stat: Stat) -> float:
     return float(_resampled(arrays, np.arange(len(arrays))[None, :], stat)[0])
 
 
-def _interval(estimate: float, boot: np.ndarray, level: float, n_tasks: int, n: int) -> Interval:
+def percentiles(boot: np.ndarray, level: float) -> tuple[float, float]:
+    """The `level` percentile interval (low, high) of resampled statistics."""
     alpha = (1.0 - level) / 2.0
     low, high = np.quantile(boot, [alpha, 1.0 - alpha])
-    return Interval(float(estimate), float(low), float(high), n_tasks, n)
+    return float(low), float(high)
+
+
+def _interval(estimate: float, boot: np.ndarray, level: float, n_tasks: int, n: int) -> Interval:
+    return Interval(float(estimate), *percentiles(boot, level), n_tasks, n)
 
 
 def bootstrap_ci(values_by_task: ByTask, stat: Stat = mean, n_resamples: int = 2000, seed: int = 0,
@@ -104,7 +110,7 @@ def bootstrap_ci(values_by_task: ByTask, stat: Stat = mean, n_resamples: int = 2
     """`stat` over all episodes, with a percentile interval from resampling tasks (clusters)."""
     _check(n_resamples, level)
     _, arrays = _groups(values_by_task)
-    boot = _resampled(arrays, _draws(len(arrays), n_resamples, seed), stat)
+    boot = _resampled(arrays, task_draws(len(arrays), n_resamples, seed), stat)
     return _interval(_observed(arrays, stat), boot, level, len(arrays), sum(a.size for a in arrays))
 
 
@@ -128,7 +134,7 @@ def paired_ci(a_by_task: Mapping[Hashable, Sequence[float]], b_by_task: Mapping[
     for both arms. `n_tasks`/`n` count the shared tasks and the episodes of both arms on them."""
     _check(n_resamples, level)
     a, b = _pair(a_by_task, b_by_task)
-    idx = _draws(len(a), n_resamples, seed)
+    idx = task_draws(len(a), n_resamples, seed)
     boot = combine(_resampled(a, idx, stat), _resampled(b, idx, stat))
     est = combine(np.array([_observed(a, stat)]), np.array([_observed(b, stat)]))[0]
     n = sum(x.size for x in a) + sum(x.size for x in b)
@@ -154,7 +160,7 @@ def paired_ratio_ci(a_by_task: Mapping[Hashable, Sequence[float]], b_by_task: Ma
     a, b = _pair(a_by_task, b_by_task)
     if _observed(b, stat) == 0:
         raise ValueError("ratio with a zero denominator on the observed data")
-    idx = _draws(len(a), n_resamples, seed)
+    idx = task_draws(len(a), n_resamples, seed)
     boot = _ratio(_resampled(a, idx, stat), _resampled(b, idx, stat))
     est = _observed(a, stat) / _observed(b, stat)
     n = sum(x.size for x in a) + sum(x.size for x in b)
