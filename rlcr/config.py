@@ -255,7 +255,7 @@ class BootstrapConfig:
     turn that builds on others' results (its observation from the status line on, then the turn)."""
     reuse_episodes: int = 0
     """tiny only: more scripted company episodes (the delegate and verify styles, in their `styles` ratio)
-    on fresh tasks of the train split's sum families (difficulty >= `fresh_min_difficulty`, drawn with a
+    on fresh tasks of the train split's sum families (difficulty >= `reuse_min_difficulty`, drawn with a
     seed of their own, no eval prompt), of which only the kept turns that build on others' results (a
     manager's combine, a verifier's verdict) join the traces, once each: thousands of distinct combines
     without more of every other turn."""

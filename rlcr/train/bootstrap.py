@@ -294,23 +294,23 @@ def drill_tasks(specs, seed: int, exclude: set[str], n: int = 2000) -> list[Task
     return out
 
 
-def fresh_sum_tasks(specs, cfg: BootstrapConfig, seed: int, n: int, exclude: set[str],
+def fresh_sum_tasks(specs, min_difficulty: int, seed: int, n: int, exclude: set[str],
                     option: str) -> tuple[list[Task], int]:
     """(`drill_tasks` of the train split's sum families with `seed`, no prompt in `exclude`; the least
-    difficulty kept of them: `cfg.fresh_min_difficulty`, or their longest where all stop below it).
+    difficulty kept of them: `min_difficulty`, or their longest where all stop below it).
     No sum family: an error naming `bootstrap.<option>`, the option that asked for fresh tasks."""
     tasks = drill_tasks(specs, seed, exclude, n=n)
     if not tasks:
         raise ValueError(f"bootstrap.{option} > 0 needs a sum family (sum, signed_sum) in prepare.train "
                          f"(or set bootstrap.{option}: 0)")
-    return tasks, min(cfg.fresh_min_difficulty, max(t.difficulty for t in tasks))
+    return tasks, min(min_difficulty, max(t.difficulty for t in tasks))
 
 
 def fresh_trace_tasks(specs, cfg: BootstrapConfig, exclude: set[str]) -> list[Task]:
     """The fresh tasks of the scripted traces (`bootstrap.fresh_share`): the drill's source (`drill_tasks`,
     no prompt in `exclude`) in a seeded shuffle, the first `cfg.episodes` of them, those of difficulty >=
     `cfg.fresh_min_difficulty` kept (>= the longest the train split's sums have, where they stop below it)."""
-    tasks, low = fresh_sum_tasks(specs, cfg, cfg.seed, cfg.episodes, exclude, "fresh_share")
+    tasks, low = fresh_sum_tasks(specs, cfg.fresh_min_difficulty, cfg.seed, cfg.episodes, exclude, "fresh_share")
     random.Random(f"bootstrap-traces:{cfg.seed}").shuffle(tasks)
     return [t for t in tasks[: cfg.episodes] if t.difficulty >= low] or [t for t in tasks if t.difficulty >= low]
 
@@ -320,8 +320,8 @@ def reuse_traces(specs, cfg: BootstrapConfig, org: OrgConfig, reward: RewardConf
     """`cfg.reuse_episodes` scripted delegate and verify episodes (their `cfg.styles` ratio) on fresh
     tasks of difficulty >= `cfg.reuse_min_difficulty` (0: `cfg.fresh_min_difficulty`), drawn like the
     drill's with a seed of their own (no prompt in `exclude`), each task once while there are enough."""
-    low_cfg = replace(cfg, fresh_min_difficulty=cfg.reuse_min_difficulty or cfg.fresh_min_difficulty)
-    tasks, low = fresh_sum_tasks(specs, low_cfg, cfg.seed + 1, cfg.reuse_episodes, exclude, "reuse_episodes")
+    least = cfg.reuse_min_difficulty or cfg.fresh_min_difficulty
+    tasks, low = fresh_sum_tasks(specs, least, cfg.seed + 1, cfg.reuse_episodes, exclude, "reuse_episodes")
     distinct = list({t.prompt: t for t in tasks if t.difficulty >= low}.values())
     random.Random(f"bootstrap-reuse:{cfg.seed}").shuffle(distinct)
     styles = {s: cfg.styles.get(s, 0.0) for s in ("delegate", "verify")}
