@@ -79,6 +79,11 @@ VARIANTS: dict[str, Variant] = {
     # briefed to check another's work still can (rlcr.behaviour detects verifiers by brief too).
     "no_verifiers": Variant({"org.roles": ["worker", "lead"]},
                             "no verifier or tester can be hired: does checking each other's work pay?"),
+    # checked in rlcr/org/episode.py `_apply_one`: a SUBMIT before the company's first hire is refused with
+    # the reason (not a malformed turn); start and end policies are rolled out under the same rule
+    "must_hire": Variant({"org.min_hires": 1},
+                         "the company must hire before it submits: kept from working alone, does RL improve "
+                         "the organisation or find a way around it?"),
 }
 if set(VARIANTS) != set(ABLATION_VARIANTS):
     raise RuntimeError(f"rlcr.ablate.VARIANTS {sorted(VARIANTS)} != rlcr.config.ABLATION_VARIANTS "

@@ -491,6 +491,10 @@ class OrgConfig:
     show_working: bool = False
     """Each agent's next observation shows the end of its last turn's free-text working
     (`- your working: ...;35+2=37`): how a single agent carries a running result over turns."""
+    min_hires: int = 0
+    """Hires a company must have made before its SUBMIT is accepted (0: none; a single agent, which cannot
+    hire, is exempt). An earlier SUBMIT is refused with the reason (like a HIRE into a full org: an error,
+    not a malformed turn), so RL cannot drop the organisation (the `must_hire` ablation)."""
 
     def __post_init__(self) -> None:
         for key in ("max_agents", "max_rounds", "token_budget", "max_turn_tokens", "max_obs_tokens",
@@ -522,6 +526,8 @@ class OrgConfig:
             _fail("org.submit_roles", f"must name 'ceo' or roles in org.roles, got {list(self.submit_roles)}")
         if self.single_agent and "ceo" not in self.submit_roles:
             _fail("org.submit_roles", "single-agent mode has only the CEO, who must be allowed to submit")
+        if not 0 <= self.min_hires < self.max_agents:
+            _fail("org.min_hires", f"must be in [0, max_agents - 1 = {self.max_agents - 1}], got {self.min_hires}")
 
 
 @dataclass(frozen=True)
@@ -600,7 +606,8 @@ class RolloutConfig:
         return PolicySpec(name, f"models/{name}")
 
 
-ABLATION_VARIANTS = ("collective", "individual", "mixed", "counterfactual", "no_board", "no_hiring", "no_verifiers")
+ABLATION_VARIANTS = ("collective", "individual", "mixed", "counterfactual", "no_board", "no_hiring", "no_verifiers",
+                     "must_hire")
 """Names of the ablation variants; what each one overrides (and why) is rlcr/ablate.py's table."""
 
 

@@ -31,9 +31,13 @@ def raw_params() -> dict:
 
 
 def variant_params(variant: str, seed: int = 0):
+    """(the default params, those of one run of `variant`); a known variant off the default list
+    (`must_hire`) is added to it, as `dvc exp run -S ablate.variants=[...]` would."""
     raw = raw_params()
     base = resolve(raw)
-    return base, resolve(raw, ablate.variant_overrides(base.ablate, variant, seed))
+    if variant not in base.ablate.variants:
+        raw = {**raw, "ablate": {**raw["ablate"], "variants": [*raw["ablate"]["variants"], variant]}}
+    return base, resolve(raw, ablate.variant_overrides(resolve(raw).ablate, variant, seed))
 
 
 # ------------------------------------------------------------------------------- the variant table
@@ -45,7 +49,7 @@ def test_every_variant_resolves_to_the_params_it_means():
         assert p.train.iterations == base.ablate.iterations and p.train.seed == p.rollout.seed == p.seed == 0
         changed = {s for s in ("org", "reward", "model", "engine", "evaluate") if getattr(p, s) != getattr(base, s)}
         want = {"collective": set(), "individual": {"reward"}, "mixed": {"reward"}, "counterfactual": set(),
-                "no_board": {"org"}, "no_hiring": {"org"}, "no_verifiers": {"org"}}[variant]
+                "no_board": {"org"}, "no_hiring": {"org"}, "no_verifiers": {"org"}, "must_hire": {"org"}}[variant]
         assert changed == want, variant
         assert (p.train.counterfactual_hires > 0) == (variant == "counterfactual"), variant
         assert ablate.VARIANTS[variant].why and ablate.VARIANTS[variant].org_mode == (
@@ -55,6 +59,7 @@ def test_every_variant_resolves_to_the_params_it_means():
     assert (mixed.kind, mixed.alpha) == ("mixed", 0.5)
     assert variant_params("no_board")[1].org.board_posts_shown == 0
     assert variant_params("no_hiring")[1].org.single_agent is True
+    assert variant_params("must_hire")[1].org.min_hires == 1 and variant_params("collective")[1].org.min_hires == 0
     base, no_verifiers = variant_params("no_verifiers")
     assert no_verifiers.org.roles == tuple(r for r in base.org.roles if r not in ("verifier", "tester"))
     raw = raw_params()

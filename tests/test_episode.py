@@ -380,3 +380,30 @@ def test_a_flat_split_gives_every_worker_two_terms_and_three_terms_are_not_split
         for style in ("delegate", "verify"):
             recs = run_episodes(tasks, ScriptedOrg(style), c)
             assert [r.episode.outcome for r in recs] == [1.0] * 4, (terms, style)
+
+
+def test_min_hires_refuses_a_submit_before_the_company_has_hired():
+    """org.min_hires: a lone CEO's SUBMIT is refused with the reason (a limit, not a protocol error), the
+    episode goes on, and the same SUBMIT after a hire ends it."""
+    script = {(0, 1): "SUBMIT 204", (0, 2): "HIRE worker: 68+57", (0, 3): "SUBMIT 204"}
+    rec = run_episodes([TASK4], Replay(script), cfg(min_hires=1, max_rounds=4))[0]
+    first = rec.turns[0]
+    assert not first.malformed and json.loads(first.errors) == [
+        "SUBMIT refused: the company must hire 1 first (0 hired)"]
+    assert json.loads(first.events) == [{"kind": "SUBMIT", "refused": json.loads(first.errors)[0]}]
+    assert "SUBMIT refused" in rec.turns[1].prompt  # the CEO sees why next round
+    assert rec.episode.end_reason == "submit" and rec.episode.rounds == 3 and rec.episode.outcome == 1.0
+    assert run_episodes([TASK4], Replay({(0, 1): "SUBMIT 204"}), cfg())[0].episode.rounds == 1  # 0: no rule
+
+
+def test_min_hires_is_checked_against_the_org_and_spares_a_single_agent():
+    import pytest
+
+    from rlcr.config import ConfigError
+
+    with pytest.raises(ConfigError, match="org.min_hires.*max_agents - 1 = 2"):
+        cfg(min_hires=3, max_agents=3)
+    alone = run_episodes([TASK4], Replay({(0, 1): "SUBMIT 204"}), cfg(min_hires=1, single_agent=True))[0]
+    assert alone.episode.rounds == 1 and alone.episode.outcome == 1.0  # a single agent cannot hire: exempt
+    with pytest.raises(ConfigError, match="org.min_hires"):
+        cfg(min_hires=-1)

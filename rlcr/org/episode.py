@@ -329,6 +329,9 @@ class EpisodeState:
             if self.answer is not None:
                 why = f"agent{self.submitter} already submitted this round"
                 return {"kind": kind, "refused": why}, why, True
+            if not cfg.single_agent and len(self.agents) - 1 < cfg.min_hires:
+                why = f"SUBMIT refused: the company must hire {cfg.min_hires} first ({len(self.agents) - 1} hired)"
+                return {"kind": kind, "refused": why}, why, False
             answer, src = act.arg, {}
             if self.task.kind == "code" and (f := self.workspace.read(act.arg)) is not None:
                 answer, src = f.content, {"path": f.path, "author": f.author, "version": f.version}
