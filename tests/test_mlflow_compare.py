@@ -24,7 +24,6 @@ import pytest
 from mlflow import MlflowClient
 
 from rlcr.ablate import (
-    VARIANTS,
     CurveTracker,
     VariantRun,
     ablation_metrics,
@@ -42,6 +41,7 @@ from rlcr.tasks import build_family
 from rlcr.tracking import HEADLINE_KEYS, headline_from_held_out, select_metrics, stage_run, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = load_params(ROOT / "params.yaml").ablate.variants  # the default sweep's, as `dvc repro` runs it
 CHROMIUM = "/usr/bin/chromium"
 SEEDS = (0, 1)
 # a scripted organisation per variant, so the variants really differ in success, tokens and shape
