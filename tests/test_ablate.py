@@ -34,10 +34,11 @@ def variant_params(variant: str, seed: int = 0):
     """(the default params, those of one run of `variant`); a known variant off the default list
     (`must_hire`) is added to it, as `dvc exp run -S ablate.variants=[...]` would."""
     raw = raw_params()
-    base = resolve(raw)
+    base = run_base = resolve(raw)
     if variant not in base.ablate.variants:
         raw = {**raw, "ablate": {**raw["ablate"], "variants": [*raw["ablate"]["variants"], variant]}}
-    return base, resolve(raw, ablate.variant_overrides(resolve(raw).ablate, variant, seed))
+        run_base = resolve(raw)
+    return base, resolve(raw, ablate.variant_overrides(run_base.ablate, variant, seed))
 
 
 # ------------------------------------------------------------------------------- the variant table

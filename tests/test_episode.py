@@ -6,8 +6,9 @@ import dataclasses
 import json
 
 import pandas as pd
+import pytest
 
-from rlcr.config import OrgConfig, RewardConfig
+from rlcr.config import ConfigError, OrgConfig, RewardConfig
 from rlcr.org import run_episodes
 from rlcr.org.episode import Generation, approx_tokens
 from rlcr.org.records import read_parquet, to_frames, write_parquet
@@ -397,10 +398,6 @@ def test_min_hires_refuses_a_submit_before_the_company_has_hired():
 
 
 def test_min_hires_is_checked_against_the_org_and_spares_a_single_agent():
-    import pytest
-
-    from rlcr.config import ConfigError
-
     with pytest.raises(ConfigError, match="org.min_hires.*max_agents - 1 = 2"):
         cfg(min_hires=3, max_agents=3)
     alone = run_episodes([TASK4], Replay({(0, 1): "SUBMIT 204"}), cfg(min_hires=1, single_agent=True))[0]
